@@ -1,0 +1,83 @@
+"""SQLite: the embedded default, a file database that several local processes share.
+
+Timestamps are stored as text, so "now" must produce exactly SQLAlchemy's storage format
+(``YYYY-MM-DD HH:MM:SS.ffffff``) for string comparison to order correctly: ``strftime('%f')``
+gives milliseconds, and three zeros pad it to microseconds.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any, ClassVar
+
+from sqlalchemy import Engine, Integer, String, event, func, literal
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.engine import Connection
+from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.types import TypeEngine
+
+from dbcluster.dialects.base import QueryProvider
+from dbcluster.schema import nodes
+
+_FORMAT = "%Y-%m-%d %H:%M:%f"
+
+
+class SQLiteProvider(QueryProvider):
+    name = "sqlite"
+    sqlalchemy_names = ("sqlite",)
+    example_url = "sqlite://"
+    can_create_database = False
+    drivers: ClassVar[dict[str, str]] = {}
+    network_backend = False
+
+    #: Seconds a connection waits for another process's write lock before giving up.
+    busy_timeout_s: ClassVar[float] = 30.0
+
+    @classmethod
+    def column_type(cls, kind: str) -> TypeEngine[Any] | None:
+        # Only "INTEGER PRIMARY KEY" is SQLite's auto-incrementing rowid alias.
+        return Integer() if kind == "id" else None
+
+    def now(self) -> ColumnElement[Any]:
+        return self._clock(f"(strftime('{_FORMAT}', 'now') || '000')")
+
+    def older_than(self, column: ColumnElement[Any], ms: int) -> ColumnElement[bool]:
+        modifier = f"-{ms / 1000:.3f} seconds"
+        threshold = func.strftime(
+            literal(_FORMAT), literal("now"), literal(modifier), type_=String()
+        ).concat(literal("000"))
+        return column < threshold
+
+    def engine_options(self) -> dict[str, Any]:
+        return {"connect_args": {"timeout": self.busy_timeout_s, "check_same_thread": False}}
+
+    def configure_engine(self, engine: Engine) -> None:
+        """WAL so readers do not block the writer, and ``BEGIN IMMEDIATE`` so a transaction takes
+        the write lock up front: a deferred transaction that upgrades later fails at once with
+        SQLITE_BUSY instead of waiting for the busy timeout."""
+
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+            dbapi_connection.isolation_level = None
+            cursor = dbapi_connection.cursor()
+            cursor.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
+            if engine.url.database not in (None, "", ":memory:"):
+                cursor.execute("PRAGMA journal_mode = WAL")
+                cursor.execute("PRAGMA synchronous = NORMAL")
+            cursor.execute("PRAGMA foreign_keys = ON")
+            cursor.close()
+
+        @event.listens_for(engine, "begin")
+        def _on_begin(conn: Connection) -> None:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    def register_node(self, conn: Connection, node_id: str, host: str) -> None:
+        values = self._node_values(host)
+        stmt = sqlite_insert(nodes).values(node_id=node_id, created_time=self.now(), **values)
+        conn.execute(stmt.on_conflict_do_update(index_elements=[nodes.c.node_id], set_=values))
+
+    def _is_transient_driver_error(self, orig: BaseException | None) -> bool:
+        if isinstance(orig, sqlite3.OperationalError):
+            message = str(orig).lower()
+            return "locked" in message or "busy" in message
+        return False

@@ -1,0 +1,237 @@
+"""Live database backends for tests: from a URL in the environment, or from a container.
+
+Each opened backend gets a database of its own (or, where the server cannot create one cheaply,
+a clean set of dbcluster tables), so concurrent runs cannot collide. A backend that was named but
+cannot be reached is an error; one that was not named is unavailable with its reason.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import tomllib
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, delete, text
+from sqlalchemy.engine import make_url
+
+from dbcluster import schema
+from dbcluster.dialects import QueryProvider, get_provider, make_engine, safe_url
+
+#: The matrix used when no ``ci/backends.toml`` is at hand (a third party running the suite).
+DEFAULT_MATRIX: dict[str, dict[str, str]] = {
+    "sqlite": {"env": "DBCLUSTER_TEST_SQLITE_URL"},
+    "postgresql": {"env": "DBCLUSTER_TEST_POSTGRESQL_URL", "image": "postgres:16-alpine"},
+    "mariadb": {"env": "DBCLUSTER_TEST_MARIADB_URL", "image": "mariadb:11.4"},
+    "mysql": {"env": "DBCLUSTER_TEST_MYSQL_URL", "image": "mysql:8.4"},
+    "oracle": {"env": "DBCLUSTER_TEST_ORACLE_URL", "image": "gvenzl/oracle-free:23-slim"},
+    "mssql": {
+        "env": "DBCLUSTER_TEST_MSSQL_URL",
+        "image": "mcr.microsoft.com/mssql/server:2022-latest",
+    },
+    "db2": {"env": "DBCLUSTER_TEST_DB2_URL", "image": "icr.io/db2_community/db2:11.5.9.0"},
+}
+
+
+class BackendUnavailable(Exception):
+    """The backend cannot be used; ``named`` says whether the user asked for it."""
+
+    def __init__(self, reason: str, *, named: bool) -> None:
+        super().__init__(reason)
+        self.named = named
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    name: str
+    env: str
+    image: str | None = None
+    service: str | None = None
+
+    def configured_url(self, environ: Mapping[str, str] | None = None) -> str | None:
+        return (environ if environ is not None else os.environ).get(self.env) or None
+
+
+def load_matrix(path: Path | None = None) -> list[BackendSpec]:
+    raw: Mapping[str, Any] = DEFAULT_MATRIX
+    if path is not None and path.exists():
+        raw = tomllib.loads(path.read_text())
+    return [
+        BackendSpec(name, entry["env"], entry.get("image"), entry.get("service"))
+        for name, entry in raw.items()
+    ]
+
+
+def label_for(spec: BackendSpec, specs: list[BackendSpec]) -> str:
+    """The test id: ``mysql-on-mariadb`` when the MySQL provider is pointed at the MariaDB
+    server (same host and port), else the backend name."""
+    url = spec.configured_url()
+    if spec.name != "mysql" or not url:
+        return spec.name
+    mariadb = next((s for s in specs if s.name == "mariadb"), None)
+    other = mariadb.configured_url() if mariadb else None
+    if other:
+        a, b = make_url(url), make_url(other)
+        if (a.host, a.port or 3306) == (b.host, b.port or 3306):
+            return "mysql-on-mariadb"
+    return spec.name
+
+
+def reset_tables(engine: Engine) -> None:
+    """Empty every dbcluster table, children first."""
+    with engine.begin() as conn:
+        for table in reversed(schema.ALL_TABLES):
+            conn.execute(delete(table))
+
+
+def drop_tables(engine: Engine) -> None:
+    schema.metadata.drop_all(engine)
+
+
+@dataclass
+class Backend:
+    """An isolated, live database with the dbcluster tables in it."""
+
+    name: str
+    label: str
+    url: str
+    engine: Engine
+    _cleanup: list[Any] = field(default_factory=list, repr=False)
+
+    @property
+    def provider(self) -> QueryProvider:
+        return get_provider(self.engine)
+
+    @property
+    def safe_url(self) -> str:
+        return safe_url(self.url)
+
+    def new_engine(self, **kwargs: Any) -> Engine:
+        return make_engine(self.url, **kwargs)
+
+    def reset(self) -> None:
+        reset_tables(self.engine)
+
+    def close(self) -> None:
+        self.engine.dispose()
+        for action in reversed(self._cleanup):
+            try:
+                action()
+            except Exception:  # noqa: BLE001 - best effort: the run is over
+                pass
+
+
+def _container_engine_available() -> bool:
+    try:
+        import docker  # type: ignore[import-untyped]
+
+        docker.from_env(timeout=3).ping()
+        return True
+    except Exception:  # noqa: BLE001 - any failure means "no engine here"
+        return False
+
+
+def _start_container(spec: BackendSpec) -> tuple[str, Any]:
+    """Start the spec's image with testcontainers; returns (URL, container)."""
+    assert spec.image
+    if spec.name == "postgresql":
+        from testcontainers.postgres import PostgresContainer
+
+        container: Any = PostgresContainer(spec.image, driver="psycopg")
+        container.start()
+        return container.get_connection_url(), container
+    if spec.name in ("mysql", "mariadb"):
+        from testcontainers.mysql import MySqlContainer
+
+        container = MySqlContainer(spec.image, dialect="pymysql")
+        container.start()
+        url = container.get_connection_url()
+        if spec.name == "mariadb":
+            url = url.replace("mysql+pymysql://", "mariadb+pymysql://", 1)
+        return url, container
+    if spec.name == "oracle":
+        from testcontainers.oracle import OracleDbContainer
+
+        container = OracleDbContainer(spec.image)
+        container.start()
+        return container.get_connection_url(), container
+    if spec.name == "mssql":
+        from testcontainers.mssql import SqlServerContainer
+
+        container = SqlServerContainer(spec.image, dialect="mssql+pyodbc")
+        container.start()
+        query = "?driver=ODBC+Driver+18+for+SQL+Server&TrustServerCertificate=yes"
+        return container.get_connection_url() + query, container
+    if spec.name == "db2":
+        from testcontainers.db2 import Db2Container
+
+        container = Db2Container(spec.image)
+        container.start()
+        return container.get_connection_url(), container
+    raise BackendUnavailable(f"no container recipe for {spec.name}", named=False)
+
+
+def _isolate(url: str, cleanup: list[Any]) -> str:
+    """A URL to a database of this run's own, created on the server behind ``url``.
+
+    Servers whose provider cannot create databases cheaply get the given database with the
+    dbcluster tables dropped first."""
+    admin = make_engine(url, isolation_level="AUTOCOMMIT")
+    provider = get_provider(admin)
+    if not provider.can_create_database:
+        admin.dispose()
+        return url
+    name = f"dbc_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    with admin.connect() as conn:
+        conn.execute(text(provider.create_database_sql(name)))
+
+    def drop() -> None:
+        with admin.connect() as conn:
+            conn.execute(text(provider.drop_database_sql(name)))
+        admin.dispose()
+
+    cleanup.append(drop)
+    return make_url(url).set(database=name).render_as_string(hide_password=False)
+
+
+def open_backend(spec: BackendSpec, label: str | None = None) -> Backend:
+    """Open the backend, in a database of its own, with freshly created dbcluster tables."""
+    cleanup: list[Any] = []
+    configured = spec.configured_url()
+    if spec.name == "sqlite" and not configured:
+        folder = tempfile.mkdtemp(prefix="dbcluster-test-")
+        url = f"sqlite:///{folder}/dbcluster.db"
+    elif configured:
+        try:
+            url = _isolate(configured, cleanup)
+        except Exception as exc:  # noqa: BLE001 - reported with the reason
+            reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+            raise BackendUnavailable(
+                f"{spec.env}={safe_url(configured)} cannot be reached: {reason}", named=True
+            ) from exc
+    elif spec.image and _container_engine_available():
+        try:
+            url, container = _start_container(spec)
+        except Exception as exc:  # noqa: BLE001
+            raise BackendUnavailable(
+                f"container {spec.image} for {spec.name} did not start: {exc}", named=True
+            ) from exc
+        cleanup.append(container.stop)
+    else:
+        raise BackendUnavailable(
+            f"{spec.env} is not set and no container engine answers", named=False
+        )
+    engine = make_engine(url)
+    try:
+        drop_tables(engine)
+        schema.metadata.create_all(engine)
+    except Exception as exc:
+        engine.dispose()
+        for action in reversed(cleanup):
+            action()
+        raise BackendUnavailable(f"{spec.name}: cannot create tables: {exc}", named=True) from exc
+    return Backend(spec.name, label or spec.name, url, engine, cleanup)
