@@ -6,6 +6,7 @@ stderr, exit status 2, no traceback.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -34,9 +35,7 @@ def open_engine(url: str) -> Engine:
     except OperationalError as exc:
         reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
         engine.dispose()
-        raise DatabaseUnreachableError(
-            f"cannot connect to {safe_url(url)}: {reason}"
-        ) from exc
+        raise DatabaseUnreachableError(f"cannot connect to {safe_url(url)}: {reason}") from exc
     return engine
 
 
@@ -83,6 +82,126 @@ def init(url: str) -> None:
         click.echo(f"created {len(created)} table(s): {', '.join(created)}")
     else:
         click.echo("all dbcluster tables already exist")
+
+
+APP_HELP = "The application: module:attribute of a JobRegistry (or set DBCLUSTER_APP)."
+
+
+def _setup_logging(verbose: bool) -> None:
+    import logging
+
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _settings(concurrency: int | None, node_prefix: str | None) -> Any:
+    from dbcluster.cluster import ClusterSettings
+
+    return ClusterSettings.from_env(concurrency_limit=concurrency, node_id_prefix=node_prefix)
+
+
+@cli.command()
+@url_option()
+@click.option("--app", envvar="DBCLUSTER_APP", required=True, help=APP_HELP)
+@click.option("--concurrency", type=click.IntRange(min=1), help="Partitions run at once.")
+@click.option("--node-prefix", help="Node id prefix (default: the host name).")
+@click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
+def worker(
+    url: str, app: str, concurrency: int | None, node_prefix: str | None, verbose: bool
+) -> None:
+    """Run a node until SIGTERM or SIGINT, then stop gracefully (a second signal: stop now)."""
+    import signal
+    import threading
+
+    from dbcluster.batch import load_registry
+    from dbcluster.cluster import Cluster
+
+    _setup_logging(verbose)
+    registry = load_registry(app)
+    settings = _settings(concurrency, node_prefix)
+    engine = open_engine(url)
+    cluster = Cluster(engine, registry, settings)
+    stop = threading.Event()
+    signals: list[int] = []
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        signals.append(signum)
+        if len(signals) > 1:
+            click.echo("second signal: stopping now", err=True)
+            sys.stdout.flush()
+            os._exit(130)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    cluster.start()
+    click.echo(f"node {cluster.node.node_id} running; SIGTERM or Ctrl-C to stop", err=True)
+    while not stop.wait(0.5):
+        pass
+    cluster.stop()
+    engine.dispose()
+
+
+@cli.command()
+@url_option()
+@click.option("--app", envvar="DBCLUSTER_APP", required=True, help=APP_HELP)
+@click.argument("job")
+@click.argument("params", nargs=-1)
+@click.option("--no-work", is_flag=True, help="Be the master only; run no partitions here.")
+@click.option("--concurrency", type=click.IntRange(min=1), help="Partitions run at once here.")
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
+@click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
+def launch(
+    url: str,
+    app: str,
+    job: str,
+    params: tuple[str, ...],
+    no_work: bool,
+    concurrency: int | None,
+    as_json: bool,
+    verbose: bool,
+) -> None:
+    """Launch JOB with name=value parameters, with this process as its master.
+
+    Exit status 0 when the job COMPLETED, 1 when it FAILED."""
+    import json
+
+    from dbcluster.batch import JobParameters, load_registry
+    from dbcluster.batch.status import BatchStatus
+    from dbcluster.cluster import Cluster
+
+    if verbose:
+        _setup_logging(verbose)
+    registry = load_registry(app)
+    registry.get_job(job)
+    parameters = JobParameters.parse(params)
+    engine = open_engine(url)
+    cluster = Cluster(engine, registry, _settings(concurrency, None), work=not no_work)
+    with cluster:
+        execution = cluster.launch(job, parameters)
+    engine.dispose()
+    outcome = {
+        "job_execution_id": execution.id,
+        "job": execution.job_name,
+        "status": execution.status.value,
+        "exit_code": execution.exit_status.code,
+        "exit_message": execution.exit_status.description,
+    }
+    if as_json:
+        click.echo(json.dumps(outcome))
+    else:
+        click.echo(
+            f"job {job} execution {execution.id}: {execution.status.value}"
+            + (
+                f" ({execution.exit_status.description})"
+                if execution.exit_status.description
+                else ""
+            )
+        )
+    sys.exit(0 if execution.status is BatchStatus.COMPLETED else 1)
 
 
 def main(argv: list[str] | None = None) -> None:

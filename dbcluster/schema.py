@@ -226,6 +226,8 @@ nodes = Table(
     Column("created_time", Timestamp, nullable=False),
     Column("last_heartbeat", Timestamp, nullable=False),
     Column("current_load", Integer, nullable=False, default=0),
+    # Partitions it runs at once; 0 for a master that takes no partitions (``launch --no-work``).
+    Column("capacity", Integer, nullable=False, default=0),
     # Staleness sweeps: "status = ? AND last_heartbeat < now - N".
     Index("ix_nodes_status_hb", "status", "last_heartbeat"),
     **_TABLE_OPTIONS,

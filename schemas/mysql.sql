@@ -16,6 +16,7 @@ CREATE TABLE batch_nodes (
 	created_time DATETIME(6) NOT NULL, 
 	last_heartbeat DATETIME(6) NOT NULL, 
 	current_load INTEGER NOT NULL, 
+	capacity INTEGER NOT NULL, 
 	PRIMARY KEY (node_id)
 )ENGINE=InnoDB CHARSET=utf8mb4;
 

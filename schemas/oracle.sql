@@ -16,6 +16,7 @@ CREATE TABLE batch_nodes (
 	created_time TIMESTAMP NOT NULL, 
 	last_heartbeat TIMESTAMP NOT NULL, 
 	current_load INTEGER NOT NULL, 
+	capacity INTEGER NOT NULL, 
 	PRIMARY KEY (node_id)
 );
 

@@ -16,6 +16,7 @@ CREATE TABLE batch_nodes (
 	created_time TIMESTAMP WITHOUT TIME ZONE NOT NULL, 
 	last_heartbeat TIMESTAMP WITHOUT TIME ZONE NOT NULL, 
 	current_load INTEGER NOT NULL, 
+	capacity INTEGER NOT NULL, 
 	PRIMARY KEY (node_id)
 );
 

@@ -72,6 +72,4 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "backends(*names): run the test only on the named backends"
-    )
+    config.addinivalue_line("markers", "backends(*names): run the test only on the named backends")

@@ -120,7 +120,7 @@ class QueryProvider:
         """Keyword arguments for ``create_engine`` that this database needs."""
         return {"pool_pre_ping": True}
 
-    def configure_engine(self, engine: Engine) -> None:
+    def configure_engine(self, engine: Engine, *, coordination: bool = False) -> None:
         """Per-engine set-up (connection pragmas, transaction begin statements)."""
 
     # --- transient errors -----------------------------------------------------------------------
@@ -186,9 +186,9 @@ class QueryProvider:
 
     # --- node registry --------------------------------------------------------------------------
 
-    def register_node(self, conn: Connection, node_id: str, host: str) -> None:
+    def register_node(self, conn: Connection, node_id: str, host: str, capacity: int = 0) -> None:
         """Insert the node ACTIVE, or refresh it if the id is already there."""
-        values = self._node_values(host)
+        values = self._node_values(host, capacity)
         refreshed = conn.execute(
             update(nodes).where(nodes.c.node_id == node_id).values(**values)
         ).rowcount
@@ -202,9 +202,10 @@ class QueryProvider:
         except IntegrityError:
             conn.execute(update(nodes).where(nodes.c.node_id == node_id).values(**values))
 
-    def _node_values(self, host: str) -> dict[str, Any]:
+    def _node_values(self, host: str, capacity: int) -> dict[str, Any]:
         return {
             "host": host,
+            "capacity": capacity,
             "status": NODE_ACTIVE,
             "last_heartbeat": self.now(),
             "current_load": 0,
@@ -243,6 +244,7 @@ class QueryProvider:
             nodes.c.host,
             nodes.c.status,
             nodes.c.current_load,
+            nodes.c.capacity,
             nodes.c.created_time,
             nodes.c.last_heartbeat,
         ).order_by(nodes.c.node_id)
@@ -306,6 +308,21 @@ class QueryProvider:
             .where(self._guarded(step_execution_id, node_id, attempt, PARTITION_IN_FLIGHT))
             .values(
                 status=PARTITION_PENDING,
+                assigned_node=None,
+                attempt=partitions.c.attempt + 1,
+                last_updated=self.now(),
+            )
+        )
+
+    def release_pending_for_node(self, node_id: str) -> Update:
+        """Hand back every partition assigned to a leaving node that it has not claimed."""
+        return (
+            update(partitions)
+            .where(
+                partitions.c.assigned_node == node_id,
+                partitions.c.status == PARTITION_PENDING,
+            )
+            .values(
                 assigned_node=None,
                 attempt=partitions.c.attempt + 1,
                 last_updated=self.now(),
@@ -461,6 +478,50 @@ class QueryProvider:
                 job_coordination.c.status.in_(list(from_statuses)),
             )
             .values(status=to_status, updated_time=self.now())
+        )
+
+    def restart_coordination(
+        self,
+        job_execution_id: int,
+        master_node: str,
+        master_step_execution_id: int,
+        worker_step_name: str,
+    ) -> Update:
+        """Point this master's existing coordination row at the job's next partitioned step."""
+        return (
+            update(job_coordination)
+            .where(
+                job_coordination.c.job_execution_id == job_execution_id,
+                job_coordination.c.master_node == master_node,
+                job_coordination.c.status.in_(COORD_IN_FLIGHT),
+            )
+            .values(
+                master_step_execution_id=master_step_execution_id,
+                worker_step_name=worker_step_name,
+                status=COORD_STARTED,
+                updated_time=self.now(),
+            )
+        )
+
+    def fail_job_partitions(self, job_execution_id: int) -> Update:
+        """Every in-flight partition of a job execution: FAILED (its master was lost). A worker
+        still running one then finds its guard broken and commits nothing more."""
+        return (
+            update(partitions)
+            .where(
+                partitions.c.job_execution_id == job_execution_id,
+                partitions.c.status.in_(PARTITION_IN_FLIGHT),
+            )
+            .values(status=PARTITION_FAILED, last_updated=self.now())
+        )
+
+    def partition_guard(
+        self, step_execution_id: int, node_id: str, attempt: int
+    ) -> ColumnElement[bool]:
+        """True while this node still holds this attempt of the partition, CLAIMED. Added to every
+        step-execution write of a running partition, it fences the chunk transaction."""
+        return exists().where(
+            self._guarded(step_execution_id, node_id, attempt, [PARTITION_CLAIMED])
         )
 
     def select_stranded_masters(self) -> Select[Any]:

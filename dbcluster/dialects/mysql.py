@@ -49,8 +49,8 @@ class MySQLProvider(QueryProvider):
     def engine_options(self) -> dict[str, Any]:
         return {**super().engine_options(), "isolation_level": "READ COMMITTED"}
 
-    def register_node(self, conn: Connection, node_id: str, host: str) -> None:
-        values = self._node_values(host)
+    def register_node(self, conn: Connection, node_id: str, host: str, capacity: int = 0) -> None:
+        values = self._node_values(host, capacity)
         stmt = mysql_insert(nodes).values(node_id=node_id, created_time=self.now(), **values)
         conn.execute(stmt.on_duplicate_key_update(**values))
 

@@ -34,8 +34,8 @@ class PostgreSQLProvider(QueryProvider):
     def drop_database_sql(self, name: str) -> str:
         return f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"
 
-    def register_node(self, conn: Connection, node_id: str, host: str) -> None:
-        values = self._node_values(host)
+    def register_node(self, conn: Connection, node_id: str, host: str, capacity: int = 0) -> None:
+        values = self._node_values(host, capacity)
         stmt = pg_insert(nodes).values(node_id=node_id, created_time=self.now(), **values)
         conn.execute(stmt.on_conflict_do_update(index_elements=[nodes.c.node_id], set_=values))
 

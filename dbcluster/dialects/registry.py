@@ -33,9 +33,7 @@ _BUILTIN: dict[str, str] = {
 BUILTIN_NAMES: tuple[str, ...] = tuple(_BUILTIN)
 
 _classes: dict[str, type[QueryProvider]] = {}
-_engine_providers: weakref.WeakKeyDictionary[Engine, QueryProvider] = (
-    weakref.WeakKeyDictionary()
-)
+_engine_providers: weakref.WeakKeyDictionary[Engine, QueryProvider] = weakref.WeakKeyDictionary()
 
 
 def _load(target: str) -> type[QueryProvider]:
@@ -170,9 +168,10 @@ def provider_for_name(name: str) -> QueryProvider:
     return provider(provider.offline_dialect(dialect_class))
 
 
-def make_engine(url: str | URL, **kwargs: Any) -> Engine:
+def make_engine(url: str | URL, *, coordination: bool = False, **kwargs: Any) -> Engine:
     """``create_engine`` with what the URL's database needs (pragmas, isolation, pool checks),
-    after checking that the provider and driver exist."""
+    after checking that the provider and driver exist. ``coordination`` marks a node's own
+    engine for its short coordination statements."""
     parsed = parse_url(url)
     provider_cls = _provider_class_for_url(parsed)
     check_driver(parsed, provider_cls)
@@ -180,7 +179,7 @@ def make_engine(url: str | URL, **kwargs: Any) -> Engine:
     options = {**provider.engine_options(), **kwargs}
     engine = create_engine(parsed, **options)
     provider.dialect = engine.dialect
-    provider.configure_engine(engine)
+    provider.configure_engine(engine, coordination=coordination)
     _engine_providers[engine] = provider
     return engine
 

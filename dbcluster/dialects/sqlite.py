@@ -51,10 +51,14 @@ class SQLiteProvider(QueryProvider):
     def engine_options(self) -> dict[str, Any]:
         return {"connect_args": {"timeout": self.busy_timeout_s, "check_same_thread": False}}
 
-    def configure_engine(self, engine: Engine) -> None:
-        """WAL so readers do not block the writer, and ``BEGIN IMMEDIATE`` so a transaction takes
-        the write lock up front: a deferred transaction that upgrades later fails at once with
-        SQLITE_BUSY instead of waiting for the busy timeout."""
+    def configure_engine(self, engine: Engine, *, coordination: bool = False) -> None:
+        """WAL so readers do not block the writer. Coordination engines begin ``IMMEDIATE``:
+        their transactions are short and some read before they write, and a deferred
+        transaction that upgrades after another writer committed fails at once with
+        SQLITE_BUSY instead of waiting for the busy timeout. Application engines begin
+        deferred, so a step that works for a while before its first write does not hold the
+        database's single write lock (and starve every heartbeat) while it works."""
+        begin = "BEGIN IMMEDIATE" if coordination else "BEGIN"
 
         @event.listens_for(engine, "connect")
         def _on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -69,10 +73,10 @@ class SQLiteProvider(QueryProvider):
 
         @event.listens_for(engine, "begin")
         def _on_begin(conn: Connection) -> None:
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+            conn.exec_driver_sql(begin)
 
-    def register_node(self, conn: Connection, node_id: str, host: str) -> None:
-        values = self._node_values(host)
+    def register_node(self, conn: Connection, node_id: str, host: str, capacity: int = 0) -> None:
+        values = self._node_values(host, capacity)
         stmt = sqlite_insert(nodes).values(node_id=node_id, created_time=self.now(), **values)
         conn.execute(stmt.on_conflict_do_update(index_elements=[nodes.c.node_id], set_=values))
 

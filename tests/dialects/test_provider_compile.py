@@ -67,6 +67,10 @@ def statements(provider: QueryProvider) -> list:
         provider.insert_coordination(1, "n", 2, "w"),
         provider.set_coordination_status(1, "n", [COORD_STARTED], "COMPLETED"),
         provider.select_stranded_masters(),
+        provider.restart_coordination(1, "n", 2, "w"),
+        provider.fail_job_partitions(1),
+        provider.release_pending_for_node("n"),
+        select(nodes.c.node_id).where(provider.partition_guard(1, "n", 1)),
         provider.claim_stranded_master(1, "n", COORD_STARTED, "m"),
     ]
 

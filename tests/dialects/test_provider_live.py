@@ -146,8 +146,9 @@ def test_guarded_partition_transitions(backend: Backend) -> None:
     def status(pid: int) -> tuple[str, str | None, int]:
         with engine.connect() as conn:
             row = conn.execute(
-                select(partitions.c.status, partitions.c.assigned_node, partitions.c.attempt)
-                .where(partitions.c.step_execution_id == pid)
+                select(partitions.c.status, partitions.c.assigned_node, partitions.c.attempt).where(
+                    partitions.c.step_execution_id == pid
+                )
             ).one()
         return tuple(row)  # type: ignore[return-value]
 

@@ -1,0 +1,247 @@
+"""Partitioned steps: a partitioner names the slices, a handler runs them, the results aggregate."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, overload, runtime_checkable
+
+from sqlalchemy import Connection
+
+from dbcluster.batch.context import ExecutionContext
+from dbcluster.batch.domain import COUNTER_NAMES, StepExecution
+from dbcluster.batch.exceptions import BatchError, PartitionFailedError
+from dbcluster.batch.status import BatchStatus, ExitStatus
+from dbcluster.batch.step import Step
+
+if TYPE_CHECKING:
+    from dbcluster.batch.runtime import BatchRuntime
+
+log = logging.getLogger(__name__)
+
+#: Master step context key holding the partition names, in order (so a restart never re-partitions).
+PARTITION_NAMES_KEY = "dbcluster.partition.names"
+
+
+@runtime_checkable
+class Partitioner(Protocol):
+    """Splits a step's input into named slices.
+
+    ``partition(grid_size)`` returns ``{name: context}``; names must derive from the slice (e.g.
+    ``"id-1-125000"``), never from a thread index, because a restart finds partitions by name.
+    ``grid_size`` is how many workers are available (a hint). ``is_transferable(name, context)``
+    says whether the slice may safely run again on another node.
+    """
+
+    def partition(self, grid_size: int) -> Mapping[str, ExecutionContext | Mapping[str, Any]]: ...
+
+    def is_transferable(self, name: str, context: ExecutionContext) -> bool: ...
+
+
+class BasePartitioner:
+    """Convenience base: every partition is transferable unless overridden."""
+
+    def partition(self, grid_size: int) -> Mapping[str, ExecutionContext | Mapping[str, Any]]:
+        raise NotImplementedError
+
+    def is_transferable(self, name: str, context: ExecutionContext) -> bool:
+        return True
+
+
+class FunctionPartitioner(BasePartitioner):
+    """A partitioner made of a function ``fn(grid_size) -> {name: context}``."""
+
+    def __init__(
+        self,
+        fn: Callable[[int], Mapping[str, ExecutionContext | Mapping[str, Any]]],
+        transferable: bool | Callable[[str, ExecutionContext], bool] = True,
+    ) -> None:
+        self.fn = fn
+        self.transferable = transferable
+
+    def partition(self, grid_size: int) -> Mapping[str, ExecutionContext | Mapping[str, Any]]:
+        return self.fn(grid_size)
+
+    def is_transferable(self, name: str, context: ExecutionContext) -> bool:
+        if callable(self.transferable):
+            return bool(self.transferable(name, context))
+        return self.transferable
+
+
+PartitionFn = Callable[[int], Mapping[str, ExecutionContext | Mapping[str, Any]]]
+
+
+@overload
+def partitioner(fn: PartitionFn, /) -> FunctionPartitioner: ...
+
+
+@overload
+def partitioner(
+    *, transferable: bool | Callable[[str, ExecutionContext], bool] = True
+) -> Callable[[PartitionFn], FunctionPartitioner]: ...
+
+
+def partitioner(
+    fn: PartitionFn | None = None,
+    /,
+    *,
+    transferable: bool | Callable[[str, ExecutionContext], bool] = True,
+) -> Any:
+    """Decorator: a function ``fn(grid_size) -> {name: context}`` becomes a partitioner."""
+
+    def wrap(function: PartitionFn) -> FunctionPartitioner:
+        return FunctionPartitioner(function, transferable)
+
+    return wrap(fn) if fn is not None else wrap
+
+
+@dataclass
+class PartitionWork:
+    """One partition to run: its name, its (created) step execution, and whether it may move."""
+
+    name: str
+    step_execution: StepExecution
+    transferable: bool
+
+
+class PartitionHandler(Protocol):
+    """Runs a partition step's partitions and returns their step executions (any final status)."""
+
+    def handle(
+        self, step: PartitionStep, master: StepExecution, runtime: BatchRuntime
+    ) -> list[StepExecution]: ...
+
+
+def _as_context(value: ExecutionContext | Mapping[str, Any]) -> ExecutionContext:
+    return value.copy() if isinstance(value, ExecutionContext) else ExecutionContext(value)
+
+
+class PartitionStep(Step):
+    """Runs ``worker_step`` once per partition, through a partition handler.
+
+    Partition step executions are named ``<worker step name>:<partition name>``. On a restart only
+    the partitions that did not complete run again, with the same names and contexts (including
+    any reader position they committed); the step never re-partitions.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        worker_step: Step,
+        partitioner: Partitioner,
+        *,
+        grid_size: int | None = None,
+        partition_handler: PartitionHandler | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(name, **options)
+        self.worker_step = worker_step
+        self.partitioner = partitioner
+        self.grid_size = grid_size
+        self.partition_handler = partition_handler
+
+    def steps(self) -> list[Step]:
+        return [self, *self.worker_step.steps()]
+
+    def execution_name(self, partition_name: str) -> str:
+        return f"{self.worker_step.name}:{partition_name}"
+
+    def split(
+        self,
+        master: StepExecution,
+        worker_count: int,
+        runtime: BatchRuntime,
+        conn: Connection | None = None,
+    ) -> list[PartitionWork]:
+        """Create the partition step executions (on a restart: only the not-COMPLETED ones, with
+        their previous names and contexts) and return them.
+
+        With ``conn``, every repository statement runs in that transaction and nothing is
+        committed here. The partitioner is not given ``conn``: on SQLite, where a transaction holds
+        the write lock, a partitioner that reads the database through its own connection waits
+        for ``conn``'s transaction, so split with ``conn=None`` there or partition before.
+        """
+        repository = runtime.repository
+        job_execution = master.job_execution
+        names = master.execution_context.get(PARTITION_NAMES_KEY)
+        pending: list[tuple[str, ExecutionContext]] = []
+        if names is None:
+            grid_size = self.grid_size or max(1, worker_count)
+            for name, context in self.partitioner.partition(grid_size).items():
+                if not isinstance(name, str) or not name:
+                    raise BatchError(f"partitioner {self.partitioner!r} gave a bad name {name!r}")
+                pending.append((name, _as_context(context)))
+            if len(pending) != len({name for name, _ in pending}):
+                raise BatchError(f"partitioner {self.partitioner!r} gave duplicate names")
+            master.execution_context.put(PARTITION_NAMES_KEY, [name for name, _ in pending])
+        else:
+            previous = repository.get_last_step_executions(
+                job_execution.job_instance,
+                [self.execution_name(n) for n in names],
+                conn,
+                before_job_execution_id=job_execution.id,
+            )
+            for name in names:
+                last = previous.get(self.execution_name(name))
+                if last is None:
+                    raise BatchError(
+                        f"cannot restart partition {name!r} of step {self.name!r}: "
+                        f"no earlier execution of {self.execution_name(name)!r} was found"
+                    )
+                if last.status is BatchStatus.COMPLETED:
+                    continue
+                pending.append((name, last.execution_context.copy()))
+            log.info(
+                "restarting %d of %d partitions of step %s", len(pending), len(names), self.name
+            )
+        with repository.transaction(conn) as c:
+            created = repository.create_step_executions(
+                job_execution, [(self.execution_name(n), ctx) for n, ctx in pending], c
+            )
+            if master.execution_context.dirty:
+                repository.update_step_execution_context(master, c)
+        return [
+            PartitionWork(
+                name=name,
+                step_execution=se,
+                transferable=bool(
+                    self.partitioner.is_transferable(name, se.execution_context)
+                    if hasattr(self.partitioner, "is_transferable")
+                    else True
+                ),
+            )
+            for (name, _), se in zip(pending, created, strict=True)
+        ]
+
+    def do_execute(self, step_execution: StepExecution, runtime: BatchRuntime) -> None:
+        master = step_execution
+        handler = self.partition_handler or runtime.partition_handler
+        returned = handler.handle(self, master, runtime)
+        reloaded = runtime.repository.get_step_executions_by_ids(
+            master.job_execution, [se.id for se in returned]
+        )
+        self.aggregate(master, reloaded)
+
+    def aggregate(self, master: StepExecution, partitions: list[StepExecution]) -> None:
+        """Sum the counters into the master and take the worst status (a partition still running
+        after its handler returned counts as FAILED)."""
+        for counter in COUNTER_NAMES:
+            setattr(master, counter, sum(getattr(p, counter) for p in partitions))
+        status = BatchStatus.COMPLETED
+        exit_status = ExitStatus.COMPLETED
+        failed = []
+        for p in partitions:
+            p_status = BatchStatus.FAILED if p.status.is_running else p.status
+            status = BatchStatus.max(status, p_status)
+            if p_status is not BatchStatus.COMPLETED:
+                failed.append(p.step_name)
+                exit_status = exit_status.and_(ExitStatus(p.exit_status.code))
+        if status.is_unsuccessful:
+            raise PartitionFailedError(
+                f"{len(failed)} of {len(partitions)} partitions of step {self.name!r} did not "
+                f"complete: {', '.join(failed[:20])}{' ...' if len(failed) > 20 else ''}"
+            )
+        if status is not BatchStatus.COMPLETED:
+            master.status = status
+            master.exit_status = exit_status

@@ -1,0 +1,122 @@
+"""The entry point: a node for a job registry and a URL, and ``launch`` to be a job's master."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import Engine
+
+from dbcluster.batch.domain import JobExecution
+from dbcluster.batch.exceptions import NoSuchJobExecutionError, OptimisticLockingFailureError
+from dbcluster.batch.job import Job
+from dbcluster.batch.launcher import JobLauncher
+from dbcluster.batch.parameters import JobParameters, as_job_parameters
+from dbcluster.batch.registry import JobRegistry
+from dbcluster.batch.repository import JobRepository
+from dbcluster.batch.status import BatchStatus
+from dbcluster.cluster.assignment import AssignmentStrategy
+from dbcluster.cluster.handler import ClusterPartitionHandler
+from dbcluster.cluster.node import Node
+from dbcluster.cluster.settings import ClusterSettings
+from dbcluster.dialects import make_engine
+from dbcluster.dialects.base import COORD_COMPLETED, COORD_FAILED, COORD_STARTED
+
+log = logging.getLogger("dbcluster.cluster")
+
+
+class Cluster:
+    """This process's membership of the cluster.
+
+    ``with Cluster(url, registry) as cluster: cluster.launch("job", {"date": "..."})`` joins as
+    a node (running partitions unless ``work=False``), launches the job with this node as its
+    master, and leaves gracefully at the end.
+    """
+
+    def __init__(
+        self,
+        url_or_engine: str | Engine,
+        registry: JobRegistry,
+        settings: ClusterSettings | None = None,
+        *,
+        work: bool = True,
+        strategy: AssignmentStrategy | None = None,
+    ) -> None:
+        self.engine = (
+            make_engine(url_or_engine) if isinstance(url_or_engine, str) else url_or_engine
+        )
+        self._owns_engine = isinstance(url_or_engine, str)
+        self.registry = registry
+        self.settings = settings or ClusterSettings.from_env()
+        self.repository = JobRepository(self.engine)
+        self.node = Node(
+            self.engine,
+            registry,
+            self.settings,
+            capacity=self.settings.concurrency_limit if work else 0,
+            repository=self.repository,
+        )
+        self.handler = ClusterPartitionHandler(self.node, strategy)
+        self.launcher = JobLauncher(self.repository, self.handler, registry)
+
+    def start(self) -> Cluster:
+        self.node.start()
+        return self
+
+    def stop(self, drain_timeout_ms: int | None = None) -> None:
+        self.node.stop(drain_timeout_ms)
+        if self._owns_engine:
+            self.engine.dispose()
+
+    def __enter__(self) -> Cluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _job(self, job: Job | str) -> Job:
+        return self.registry.get_job(job) if isinstance(job, str) else job
+
+    def launch(
+        self, job: Job | str, params: JobParameters | Mapping[str, Any] | None = None
+    ) -> JobExecution:
+        """Run the job with this node as its master; returns the finished execution."""
+        job = self._job(job)
+        execution = self.launcher.create_execution(job, as_job_parameters(params))
+        return self._run(job, execution)
+
+    def restart(self, execution_id: int) -> JobExecution:
+        """Run a FAILED or ABANDONED execution's instance again (only unfinished partitions)."""
+        old = self.repository.get_job_execution(execution_id)
+        if old is None:
+            raise NoSuchJobExecutionError(f"there is no job execution with id {execution_id}")
+        job = self.registry.get_job(old.job_name)
+        return self._run(job, self.launcher.create_execution(job, old.parameters))
+
+    def _run(self, job: Job, execution: JobExecution) -> JobExecution:
+        log.info(
+            "node %s is master of job %s, execution %s", self.node.node_id, job.name, execution.id
+        )
+        try:
+            job.execute(execution, self.launcher.runtime)
+        except OptimisticLockingFailureError:
+            # A survivor abandoned the job while this master was away; its record stands.
+            reloaded = self.repository.get_job_execution(execution.id)
+            if reloaded is None:
+                raise
+            log.warning("job execution %s was abandoned by a survivor", execution.id)
+            return reloaded
+        return self._finish(execution)
+
+    def _finish(self, execution: JobExecution) -> JobExecution:
+        """Close the coordination row once the job has ended (not when its partitioned step
+        ends), so a master lost between steps still leaves a row that a survivor recovers."""
+        status = COORD_COMPLETED if execution.status is BatchStatus.COMPLETED else COORD_FAILED
+        try:
+            self.node.store.set_coordination_status(
+                execution.id, self.node.node_id, [COORD_STARTED], status
+            )
+        except Exception as exc:  # noqa: BLE001 - a survivor closes it if we cannot
+            log.warning("could not close coordination of execution %s: %s", execution.id, exc)
+        return execution

@@ -1,0 +1,146 @@
+"""The SQL job repository on every backend."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from dbcluster.batch import (
+    BatchStatus,
+    ExecutionContext,
+    JobParameters,
+    JobRepository,
+    OptimisticLockingFailureError,
+)
+
+
+def _params() -> JobParameters:
+    return JobParameters.parse(["run.date(date)=2024-01-01", "-attempt(int)=1"])
+
+
+def test_create_and_find_executions(repo: JobRepository) -> None:
+    params = _params()
+    instance = repo.create_job_instance("job", params)
+    assert repo.get_job_instance("job", params) == instance
+    assert repo.get_job_instance("job", JobParameters.parse(["run.date(date)=2024-01-02"])) is None
+    je = repo.create_job_execution(instance, params, ExecutionContext({"k": "v"}))
+    loaded = repo.get_job_execution(je.id)
+    assert loaded is not None
+    assert loaded.parameters == params and loaded.status is BatchStatus.STARTING
+    assert loaded.execution_context == {"k": "v"}
+    assert repo.find_running_job_executions(instance)[0].id == je.id
+
+    first = repo.create_step_execution(je, "a", ExecutionContext({"x": 1}))
+    parts = repo.create_step_executions(
+        je, [(f"w:p{i}", ExecutionContext({"i": i})) for i in range(7)]
+    )
+    assert len({p.id for p in parts}) == 7
+    listed = repo.get_step_executions(je)
+    assert [s.step_name for s in listed] == ["a", *[f"w:p{i}" for i in range(7)]]
+    assert [s.execution_context["i"] for s in listed[1:]] == list(range(7))
+    one = repo.get_step_execution(parts[3].id)
+    assert one is not None and one.step_name == "w:p3"
+    assert one.job_execution.id == je.id and one.job_execution.parameters == params
+    assert repo.get_last_step_execution(instance, "a").id == first.id  # type: ignore[union-attr]
+
+    je.status = BatchStatus.FAILED
+    repo.update_job_execution(je)
+    je2 = repo.create_job_execution(instance, params)
+    assert repo.get_last_job_execution("job", params).id == je2.id  # type: ignore[union-attr]
+    second = repo.create_step_execution(je2, "a")
+    assert repo.get_last_step_execution(instance, "a").id == second.id  # type: ignore[union-attr]
+    assert repo.count_step_executions(instance, "a") == 2
+    assert [e.id for e in repo.get_job_executions(instance)] == [je2.id, je.id]
+
+
+def test_optimistic_locking_rejects_a_stale_update(repo: JobRepository) -> None:
+    params = _params()
+    je = repo.create_job_execution(repo.create_job_instance("job", params), params)
+    se = repo.create_step_execution(je, "step")
+    mine = repo.get_step_execution(se.id)
+    theirs = repo.get_step_execution(se.id)
+    assert mine is not None and theirs is not None
+    theirs.read_count = 5
+    repo.update_step_execution(theirs)
+    mine.read_count = 99
+    with pytest.raises(OptimisticLockingFailureError, match=rf"step execution {se.id}"):
+        repo.update_step_execution(mine)
+    stored = repo.get_step_execution(se.id)
+    assert stored is not None and stored.read_count == 5 and stored.version == 1
+
+    stale_job = repo.get_job_execution(je.id)
+    assert stale_job is not None
+    je.status = BatchStatus.STARTED
+    repo.update_job_execution(je)
+    stale_job.status = BatchStatus.FAILED
+    with pytest.raises(OptimisticLockingFailureError, match=rf"job execution {je.id}"):
+        repo.update_job_execution(stale_job)
+    assert repo.get_job_execution(je.id).status is BatchStatus.STARTED  # type: ignore[union-attr]
+
+
+def test_write_methods_join_a_given_transaction(repo: JobRepository, backend: Any) -> None:
+    params = _params()
+    je = repo.create_job_execution(repo.create_job_instance("job", params), params)
+    se = repo.create_step_execution(je, "step")
+    with pytest.raises(RuntimeError), backend.engine.begin() as conn:
+        se.write_count = 7
+        repo.update_step_execution(se, conn)
+        repo.create_step_executions(je, [("w:a", None), ("w:b", None)], conn)
+        raise RuntimeError("roll back")
+    stored = repo.get_step_execution(se.id)
+    assert stored is not None and stored.write_count == 0 and stored.version == 0
+    assert [s.step_name for s in repo.get_step_executions(je)] == ["step"]
+
+
+def test_counters_and_contexts_survive_a_new_engine(repo: JobRepository, backend: Any) -> None:
+    params = _params()
+    je = repo.create_job_execution(repo.create_job_instance("job", params), params)
+    se = repo.create_step_execution(je, "step")
+    big = "x" * 5000  # longer than short_context: stored in serialized_context
+    se.execution_context.put("reader.last_key", 41)
+    se.execution_context.put("big", big)
+    se.execution_context.put("nested", {"a": [1, 2.5, None, True]})
+    se.read_count, se.write_count, se.filter_count, se.commit_count = 10, 8, 2, 3
+    se.rollback_count, se.read_skip_count, se.process_skip_count, se.write_skip_count = 1, 1, 2, 3
+    se.status = BatchStatus.FAILED
+    repo.update_step_execution_context(se)
+    repo.update_step_execution(se)
+    je.execution_context.put("job.key", "value")
+    repo.update_job_execution_context(je)
+
+    engine = backend.new_engine()
+    try:
+        fresh = JobRepository(engine).get_step_execution(se.id)
+        assert fresh is not None
+        assert fresh.counters() == se.counters()
+        assert fresh.status is BatchStatus.FAILED and fresh.version == se.version
+        assert fresh.execution_context["reader.last_key"] == 41
+        assert fresh.execution_context["big"] == big
+        assert fresh.execution_context["nested"] == {"a": [1, 2.5, None, True]}
+        assert fresh.job_execution.execution_context == {"job.key": "value"}
+        assert fresh.job_execution.parameters == params
+    finally:
+        engine.dispose()
+
+
+def test_ids_without_returning(
+    repo: JobRepository, backend: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MySQL has no RETURNING: ids come from the cursor (single rows) or are read back (bulk)."""
+    if backend.engine.dialect.name not in ("sqlite", "mysql", "mariadb"):
+        pytest.skip("only drivers with a cursor lastrowid can go without RETURNING")
+    dialect = backend.engine.dialect
+    monkeypatch.setattr(dialect, "insert_returning", False)
+    monkeypatch.setattr(dialect, "insert_executemany_returning", False)
+    monkeypatch.setattr(dialect, "insert_executemany_returning_sort_by_parameter_order", False)
+    params = _params()
+    je = repo.create_job_execution(repo.create_job_instance("job", params), params)
+    single = repo.create_step_execution(je, "single", ExecutionContext({"n": -1}))
+    parts = repo.create_step_executions(
+        je, [(f"w:p{i}", ExecutionContext({"n": i})) for i in range(5)]
+    )
+    for se in [single, *parts]:
+        stored = repo.get_step_execution(se.id)
+        assert stored is not None and stored.step_name == se.step_name
+        assert stored.execution_context["n"] == se.execution_context["n"]
