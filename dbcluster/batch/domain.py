@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement
+from sqlalchemy import ColumnElement, Connection
 
 from dbcluster.batch.context import ExecutionContext
 from dbcluster.batch.parameters import JobParameters
@@ -93,6 +94,10 @@ class StepExecution:
     terminate_only: bool = False
     #: In memory only: an extra predicate every step-execution UPDATE must also satisfy (fencing).
     write_guard: ColumnElement[bool] | None = None
+    #: In memory only: called with the connection of the step's final transaction, after its
+    #: final status is written and before it commits (the cluster records the partition's
+    #: outcome there, atomically with the step's). Raising rolls the final write back.
+    on_final_commit: Callable[[Connection], None] | None = None
     failure_exceptions: list[BaseException] = field(default_factory=list)
 
     @property

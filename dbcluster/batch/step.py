@@ -99,6 +99,8 @@ class Step(ABC):
         with repository.engine.begin() as conn:
             se.execution_context.dirty = True
             persist_step(se, runtime, conn)
+            if se.on_final_commit is not None:
+                se.on_final_commit(conn)
         log.debug("step %s (execution %s) ended %s", se.step_name, se.id, se.status.value)
 
     @abstractmethod

@@ -84,7 +84,7 @@ class Cluster:
         """Run the job with this node as its master; returns the finished execution."""
         job = self._job(job)
         execution = self.launcher.create_execution(job, as_job_parameters(params))
-        return self._run(job, execution)
+        return self.run_execution(job, execution)
 
     def restart(self, execution_id: int) -> JobExecution:
         """Run a FAILED or ABANDONED execution's instance again (only unfinished partitions)."""
@@ -92,9 +92,11 @@ class Cluster:
         if old is None:
             raise NoSuchJobExecutionError(f"there is no job execution with id {execution_id}")
         job = self.registry.get_job(old.job_name)
-        return self._run(job, self.launcher.create_execution(job, old.parameters))
+        return self.run_execution(job, self.launcher.create_execution(job, old.parameters))
 
-    def _run(self, job: Job, execution: JobExecution) -> JobExecution:
+    def run_execution(self, job: Job, execution: JobExecution) -> JobExecution:
+        """Run an execution made by ``launcher.create_execution`` with this node as master (lets a
+        caller learn the execution id before the job runs)."""
         log.info(
             "node %s is master of job %s, execution %s", self.node.node_id, job.name, execution.id
         )
@@ -113,6 +115,14 @@ class Cluster:
         """Close the coordination row once the job has ended (not when its partitioned step
         ends), so a master lost between steps still leaves a row that a survivor recovers."""
         status = COORD_COMPLETED if execution.status is BatchStatus.COMPLETED else COORD_FAILED
+        if self.node.is_fenced:
+            # A fenced master writes nothing more under its id. Closing the row here would hide
+            # partitions still CLAIMED on other nodes from every survivor; left in flight, it is
+            # abandoned (and they are failed) once this id is removed from the registry.
+            log.warning(
+                "master fenced: coordination of execution %s left to a survivor", execution.id
+            )
+            return execution
         try:
             self.node.store.set_coordination_status(
                 execution.id, self.node.node_id, [COORD_STARTED], status

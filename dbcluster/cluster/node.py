@@ -20,9 +20,9 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Engine, false
+from sqlalchemy import Connection, Engine, false
 
-from dbcluster.batch.domain import StepExecution, utcnow
+from dbcluster.batch.domain import JobExecution, StepExecution, utcnow
 from dbcluster.batch.exceptions import OptimisticLockingFailureError
 from dbcluster.batch.local import LocalPartitionHandler
 from dbcluster.batch.repository import JobRepository
@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("dbcluster.node")
 
 CLAIMED, RUNNING, RELEASED, DONE = "claimed", "running", "released", "done"
+#: Prefix of an outcome already recorded in the step's final transaction.
+RECORDED = "recorded:"
 
 #: The id of the node running the current partition (for logs and ledgers in user code).
 current_node_id: ContextVar[str | None] = ContextVar("dbcluster_current_node_id", default=None)
@@ -61,7 +63,12 @@ def _own_pool(engine: Engine) -> Engine:
 
     if engine.url.database in (None, "", ":memory:"):
         return engine
-    return make_engine(engine.url, coordination=True, pool_size=3, max_overflow=3)
+    # No pre-ping: a coordination statement on a dead connection fails as a transient error, the
+    # pool is invalidated, and the store repeats it on a fresh connection; a ping per checkout
+    # would add a round trip to every heartbeat, poll and claim.
+    return make_engine(
+        engine.url, coordination=True, pool_size=3, max_overflow=3, pool_pre_ping=False
+    )
 
 
 @dataclass
@@ -82,6 +89,7 @@ class Task:
     state: str = CLAIMED
     step_execution: StepExecution | None = None
     future: Future[None] | None = None
+    preloaded: StepExecution | None = None
     claimed_at: float = field(default_factory=time.monotonic)
 
 
@@ -119,6 +127,8 @@ class Node:
         self._resumed.set()
         self._identity: Identity | None = None
         self._tasks: dict[int, Task] = {}
+        self._job_cache: dict[int, JobExecution] = {}
+        self._backlog = False
         self._threads: list[threading.Thread] = []
         self._executor: ThreadPoolExecutor | None = None
         self.masters: set[Any] = set()
@@ -369,7 +379,8 @@ class Node:
             log.warning("node could not rejoin the cluster: %s", exc)
 
     def _sweep_once(self) -> None:
-        if self.is_fenced or self._stopping.is_set():
+        identity = self._identity
+        if identity is None or self._stopping.is_set() or self._watchdog(identity):
             return
         marked, removed = self.store.sweep(
             self.settings.unreachable_threshold, self.settings.cleanup_threshold
@@ -385,16 +396,34 @@ class Node:
 
         recover_stranded_jobs(self)
 
+    def _watchdog(self, identity: Identity) -> bool:
+        """Fence when the last good heartbeat is so old that the cluster may remove this node at
+        any moment, even if the heartbeat thread itself is stuck in a call that has not returned
+        (a cut network) or the process was stopped. Shorter silences stay in the grace window:
+        an UNREACHABLE node that beats again is ACTIVE again."""
+        s = self.settings
+        limit = max(s.unreachable_threshold, s.cleanup_threshold - s.heartbeat_interval)
+        silent_ms = (time.monotonic() - identity.last_heartbeat_ok) * 1000
+        if silent_ms >= limit and not identity.fenced.is_set():
+            self._fence(identity, f"no heartbeat for {silent_ms:.0f} ms")
+        return identity.fenced.is_set()
+
     def _poll_once(self) -> None:
         identity = self._identity
         if identity is None or identity.fenced.is_set() or self._stopping.is_set():
             return
+        if self._watchdog(identity):
+            return
         free = self.capacity - self.load
         if free <= 0:
             return
-        for pending in self.store.poll(identity.node_id, free):
+        polled = self.store.poll(identity.node_id, free)
+        # More may be waiting: poll again as soon as a slot frees up.
+        self._backlog = len(polled) >= free
+        claimed: list[Task] = []
+        for pending in polled:
             if identity.fenced.is_set() or self._stopping.is_set():
-                return
+                break
             if pending.step_execution_id in self._tasks:
                 continue
             if not self.store.claim(pending.step_execution_id, identity.node_id, pending.attempt):
@@ -402,6 +431,7 @@ class Node:
             task = Task(pending, identity)
             with self._lock:
                 self._tasks[pending.step_execution_id] = task
+            claimed.append(task)
             log.info(
                 "node %s claimed partition %s (%s, attempt %d)",
                 identity.node_id,
@@ -416,8 +446,45 @@ class Node:
                 id=pending.step_execution_id,
                 attempt=pending.attempt,
             )
-            assert self._executor is not None
+        self._preload(claimed)
+        assert self._executor is not None
+        for task in claimed:
             task.future = self._executor.submit(self._run, task)
+
+    def _job_execution(self, job_execution_id: int) -> JobExecution | None:
+        """Job executions are read once per node and shared by their partitions (a worker step
+        reads its parameters and job context, which do not change while it runs)."""
+        with self._lock:
+            cached = self._job_cache.get(job_execution_id)
+        if cached is not None:
+            return cached
+        loaded = self.repository.get_job_execution(job_execution_id)
+        if loaded is not None:
+            with self._lock:
+                if len(self._job_cache) >= 64:
+                    self._job_cache.pop(next(iter(self._job_cache)))
+                self._job_cache[job_execution_id] = loaded
+        return loaded
+
+    def _preload(self, tasks: list[Task]) -> None:
+        """Load the step executions of freshly claimed partitions in one query per job."""
+        by_job: dict[int, list[Task]] = {}
+        for task in tasks:
+            by_job.setdefault(task.partition.job_execution_id, []).append(task)
+        for job_execution_id, group in by_job.items():
+            try:
+                job_execution = self._job_execution(job_execution_id)
+                if job_execution is None:
+                    continue
+                loaded = self.repository.get_step_executions_by_ids(
+                    job_execution, [t.partition.step_execution_id for t in group]
+                )
+            except Exception as exc:  # noqa: BLE001 - each task loads its own instead
+                log.warning("could not preload step executions: %s", exc)
+                continue
+            by_id = {se.id: se for se in loaded}
+            for task in group:
+                task.preloaded = by_id.get(task.partition.step_execution_id)
 
     # --- running a partition --------------------------------------------------------------------
 
@@ -437,9 +504,15 @@ class Node:
                     self._release(task)
                 return
             outcome = self._execute(task)
-            if outcome is None or identity.fenced.is_set():
+            if outcome is None:
                 return
-            if self.store.finish(p.step_execution_id, identity.node_id, p.attempt, outcome):
+            already = outcome.startswith(RECORDED)
+            outcome = outcome.removeprefix(RECORDED)
+            if not already and identity.fenced.is_set():
+                return
+            if already or self.store.finish(
+                p.step_execution_id, identity.node_id, p.attempt, outcome
+            ):
                 log.info(
                     "node %s %s partition %s (%s)",
                     identity.node_id,
@@ -460,16 +533,58 @@ class Node:
                     p.partition_name,
                     p.step_execution_id,
                 )
-        except Exception:  # noqa: BLE001 - the partition stays CLAIMED for its master
+        except Exception:  # noqa: BLE001 - recorded FAILED once the database answers
             log.exception("node failed to run partition %s", p.step_execution_id)
+            self._fail_after_error(task)
         finally:
             self._forget(task)
-            self._poll_wake.set()
+            if self._backlog:
+                self._poll_wake.set()
+
+    def _fail_after_error(self, task: Task) -> None:
+        """The step could not record its outcome (its final transaction failed, e.g. the
+        database connection dropped). A partition left CLAIMED on a live node is never looked
+        at again (masters only recover partitions of nodes that are gone), so record FAILED
+        under the same guard once the database answers, unless the step's own final commit
+        landed after all. A fenced node, or one that is leaving, leaves it to the master."""
+        p, identity = task.partition, task.identity
+        while not identity.fenced.is_set() and not self._stopping.is_set():
+            try:
+                se = self.repository.get_step_execution(p.step_execution_id)
+                if se is None:
+                    return
+                outcome = (
+                    PARTITION_COMPLETED if se.status is BatchStatus.COMPLETED else PARTITION_FAILED
+                )
+                if se.status.is_running:
+                    se.status = BatchStatus.FAILED
+                    se.exit_status = ExitStatus.FAILED.with_description(  # type: ignore[attr-defined]
+                        f"node {identity.node_id} could not record the outcome of partition "
+                        f"{p.partition_name}"
+                    )
+                    se.end_time = utcnow()
+                    se.write_guard = self.store.provider.partition_guard(
+                        p.step_execution_id, identity.node_id, p.attempt
+                    )
+                    self.repository.update_step_execution(se)
+                if self.store.finish(p.step_execution_id, identity.node_id, p.attempt, outcome):
+                    log.warning(
+                        "node %s recorded partition %s %s after an error",
+                        identity.node_id,
+                        p.partition_name,
+                        outcome,
+                    )
+                return
+            except OptimisticLockingFailureError:
+                return  # no longer ours: its master decides
+            except Exception as exc:  # noqa: BLE001 - try again when the database answers
+                log.warning("cannot record partition %s yet: %s", p.step_execution_id, exc)
+                self._stop.wait(self.settings.heartbeat_interval / 1000)
 
     def _execute(self, task: Task) -> str | None:
         """Run the worker step; the partition status to record, or None to record nothing."""
         p, identity = task.partition, task.identity
-        se = self.repository.get_step_execution(p.step_execution_id)
+        se = task.preloaded or self.repository.get_step_execution(p.step_execution_id)
         if se is None:
             log.error("partition %s has no step execution", p.step_execution_id)
             return PARTITION_FAILED
@@ -500,6 +615,35 @@ class Node:
         _current_node.set(self)
         current_node_id.set(identity.node_id)
         current_attempt.set(p.attempt)
+        recorded: list[str] = []
+        provider = self.store.provider
+
+        def record_outcome(conn: Connection) -> None:
+            """The partition's outcome, in the step's final transaction: both commit or
+            neither does."""
+            if identity.fenced.is_set():
+                raise OptimisticLockingFailureError(f"node {identity.node_id} is fenced")
+            if se.status is BatchStatus.COMPLETED:
+                outcome = PARTITION_COMPLETED
+            elif se.status is BatchStatus.STOPPED and self._stopping.is_set() and p.transferable:
+                outcome = RELEASED  # stopped by a graceful shutdown: it may run elsewhere
+            else:
+                outcome = PARTITION_FAILED
+            stmt = (
+                provider.release_partition(p.step_execution_id, identity.node_id, p.attempt)
+                if outcome == RELEASED
+                else provider.finish_partition(
+                    p.step_execution_id, identity.node_id, p.attempt, outcome
+                )
+            )
+            if conn.execute(stmt).rowcount != 1:
+                raise OptimisticLockingFailureError(
+                    f"partition {p.step_execution_id} is no longer held by {identity.node_id} "
+                    f"under attempt {p.attempt}"
+                )
+            recorded.append(outcome)
+
+        se.on_final_commit = record_outcome
         try:
             step.execute(se, self.runtime)
         except OptimisticLockingFailureError as exc:
@@ -510,11 +654,8 @@ class Node:
                 exc,
             )
             return None
-        if se.status is BatchStatus.COMPLETED:
-            return PARTITION_COMPLETED
-        if se.status is BatchStatus.STOPPED and self._stopping.is_set() and p.transferable:
-            # Stopped by a graceful shutdown: a transferable slice may run again elsewhere.
-            task.state = RELEASED
-            self._release(task)
+        if recorded and recorded[0] == RELEASED:
+            log.info("node %s handed back stopped partition %s", identity.node_id, p.partition_name)
+            self._emit("released", partition=p.partition_name, id=p.step_execution_id)
             return None
-        return PARTITION_FAILED
+        return RECORDED + (recorded[0] if recorded else PARTITION_FAILED)

@@ -48,11 +48,10 @@ def abandon(node: Node, job: StrandedJob) -> bool:
     execution = repository.get_job_execution(job.job_execution_id)
     if execution is None:
         return False
-    if not execution.status.is_running:
-        # The job ended but its master left before closing the coordination row.
-        store.set_coordination_status(job.job_execution_id, me, [COORD_RECOVERING], COORD_COMPLETED)
-        return False
     message = f"master node {lost} was lost; job abandoned by node {me}"
+    # Whether or not the job already ended (a master that lost its row ends its job FAILED with
+    # partitions still in flight), nothing may go on running under it: a late worker of this
+    # execution would otherwise commit beside the restarted one.
     with node.coordination_engine.begin() as conn:
         failed_partitions = conn.execute(
             provider.fail_job_partitions(job.job_execution_id)
@@ -60,6 +59,10 @@ def abandon(node: Node, job: StrandedJob) -> bool:
     for se in repository.get_step_executions(execution):
         if se.status.is_running:
             fail_step_execution(repository, se.id, message)
+    if not execution.status.is_running:
+        # The job ended but its master left before closing the coordination row.
+        store.set_coordination_status(job.job_execution_id, me, [COORD_RECOVERING], COORD_COMPLETED)
+        return False
     for _ in range(5):
         execution = repository.get_job_execution(job.job_execution_id)
         if execution is None or not execution.status.is_running:

@@ -11,6 +11,7 @@ and judges the row count.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any, ClassVar
@@ -161,13 +162,20 @@ class QueryProvider:
         for table in schema.ALL_TABLES:
             if self._table_exists(engine, table.name):
                 continue
-            try:
-                with engine.begin() as conn:
-                    table.create(conn, checkfirst=True)
-                created.append(table.name)
-            except DBAPIError:
-                # Another process created it between our check and our CREATE.
-                if not self._table_exists(engine, table.name):
+            for retry in range(10):
+                try:
+                    with engine.begin() as conn:
+                        table.create(conn, checkfirst=True)
+                    created.append(table.name)
+                    break
+                except DBAPIError as exc:
+                    # Another process created it between our check and our CREATE.
+                    if self._table_exists(engine, table.name):
+                        break
+                    # Or holds the lock while it does (SQLite: "database is locked").
+                    if retry < 9 and self.is_transient(exc):
+                        time.sleep(0.05 * (retry + 1))
+                        continue
                     raise
         return created
 
@@ -518,10 +526,13 @@ class QueryProvider:
     def partition_guard(
         self, step_execution_id: int, node_id: str, attempt: int
     ) -> ColumnElement[bool]:
-        """True while this node still holds this attempt of the partition, CLAIMED. Added to every
-        step-execution write of a running partition, it fences the chunk transaction."""
-        return exists().where(
-            self._guarded(step_execution_id, node_id, attempt, [PARTITION_CLAIMED])
+        """True while this node still holds this attempt of the partition, CLAIMED, and is still
+        registered. Added to every step-execution write of a running partition, it fences the
+        chunk transaction: a node removed from the registry commits nothing more, even before
+        it notices its removal and before a master has reassigned the partition."""
+        return and_(
+            exists().where(self._guarded(step_execution_id, node_id, attempt, [PARTITION_CLAIMED])),
+            exists().where(nodes.c.node_id == node_id),
         )
 
     def select_stranded_masters(self) -> Select[Any]:

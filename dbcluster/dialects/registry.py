@@ -7,6 +7,7 @@ parties add theirs through the ``dbcluster.dialects`` entry-point group (name = 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import weakref
 from importlib.metadata import entry_points
@@ -44,7 +45,9 @@ def _load(target: str) -> type[QueryProvider]:
     return provider_class
 
 
+@functools.cache
 def _third_party() -> dict[str, Any]:
+    """Entry points are read once per process (scanning them is slow and they do not change)."""
     return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 

@@ -2,15 +2,23 @@
 
 The ledger row is written in the same transaction as the step's final commit, so a fenced or
 removed node's write rolls back with its step: invariants are checked from data, not logs.
-Job parameters steer the work: ``delay_ms`` (how long each partition runs), ``fail`` (comma-
-separated partition names, or ``*``, that fail), ``fail_mode`` (``raise`` or ``status``: end
-FAILED without raising), ``per_node`` (partitions per live node, default 4) and ``items``.
+Job parameters steer the work: ``delay_ms`` (how long each partition runs), ``tick_ms`` (one
+chunk transaction per tick, default 20), ``fail`` (comma-separated partition names, or ``*``, that
+fail), ``fail_mode`` (``raise`` or ``status``: end FAILED without raising), ``per_node``
+(partitions per live node, default 4) and ``items``.
+
+``dbc_test_runs`` gets one row per attempt that committed its first chunk (node, attempt, database
+clock), in that chunk's guarded transaction. The effect (the ledger row) commits with a ``done``
+marker in the step context, so a restarted execution, which resumes from that context, never
+records the same partition twice: the restartable-step pattern the batch model is built for.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
@@ -58,7 +66,25 @@ ledger = Table(
     Column("finished", Timestamp),
 )
 
+runs = Table(
+    "dbc_test_runs",
+    ledger_metadata,
+    Column("id", Id, Identity(start=1), primary_key=True),
+    Column("job_execution_id", BigInteger, nullable=False),
+    Column("step_execution_id", BigInteger, nullable=False),
+    Column("partition_name", String(100), nullable=False),
+    Column("node_id", String(100)),
+    Column("attempt", Integer),
+    Column("transferable", Boolean(name="ck_runs_transferable"), nullable=False),
+    Column("started", Timestamp),
+)
+
 TICK_S = 0.02
+
+if os.environ.get("DBCLUSTER_FAULT_CUT_FILE"):  # set by the fault harness for its nodes
+    from dbcluster.testing.faults import install_cut_switch
+
+    install_cut_switch(os.environ["DBCLUSTER_FAULT_CUT_FILE"])
 
 #: Short thresholds for tests: a dead node is removed after one second.
 FAST_SETTINGS = ClusterSettings(
@@ -117,15 +143,38 @@ def ledger_tasklet(ctx: ChunkContext) -> RepeatStatus:
 
     checkpoint()
 
+    from dbcluster.dialects import get_provider
+
     se = ctx.step_execution
     name = se.step_name.split(":", 1)[1]
     step_ctx = ctx.step_context
-    ticks = int(step_ctx.get("ticks", 0))
-    if ticks == 0:
+    if step_ctx.get("done"):
+        # The effect committed in an earlier attempt or execution (its node died before the
+        # step's COMPLETED status was written): record nothing twice.
+        return RepeatStatus.FINISHED
+    provider = get_provider(ctx.connection.engine)
+    node_id, attempt = current_node_id.get(), current_attempt.get()
+    transferable = bool(step_ctx.get("transferable", True))
+    run_key = f"{node_id}/{attempt}/{se.job_execution.id}"
+    if step_ctx.get("run") != run_key:
+        step_ctx.put("run", run_key)
         step_ctx.put("started", utcnow().isoformat())
+        ctx.connection.execute(
+            insert(runs).values(
+                job_execution_id=se.job_execution.id,
+                step_execution_id=se.id,
+                partition_name=name,
+                node_id=node_id,
+                attempt=attempt,
+                transferable=transferable,
+                started=provider.now(),
+            )
+        )
+    ticks = int(step_ctx.get("ticks", 0))
     delay_ms = int(_param(ctx, "delay_ms", 0))
-    if ticks * TICK_S * 1000 < delay_ms:
-        time.sleep(TICK_S)
+    tick_s = int(_param(ctx, "tick_ms", int(TICK_S * 1000))) / 1000
+    if ticks * tick_s * 1000 < delay_ms:
+        time.sleep(tick_s)
         step_ctx.put("ticks", ticks + 1)
         return RepeatStatus.CONTINUABLE
     failing = str(_param(ctx, "fail", ""))
@@ -140,16 +189,17 @@ def ledger_tasklet(ctx: ChunkContext) -> RepeatStatus:
             job_execution_id=se.job_execution.id,
             step_execution_id=se.id,
             partition_name=name,
-            node_id=current_node_id.get(),
-            attempt=current_attempt.get(),
-            transferable=bool(step_ctx.get("transferable", True)),
+            node_id=node_id,
+            attempt=attempt,
+            transferable=transferable,
             lo=lo,
             hi=hi,
             total=sum(range(lo, hi)),
-            started=None,
-            finished=utcnow(),
+            started=datetime.fromisoformat(str(step_ctx["started"])),
+            finished=provider.now(),
         )
     )
+    step_ctx.put("done", True)
     return RepeatStatus.FINISHED
 
 
@@ -176,3 +226,6 @@ def expected_total(items: int = 1000) -> int:
 
 #: Eight partitions per live node: ``--app dbcluster.testing.app:wide_registry``.
 wide_registry = build_registry(per_node=8)
+
+#: Two partitions per live node, for chaos runs: ``dbcluster.testing.app:chaos_registry``.
+chaos_registry = build_registry(per_node=2)

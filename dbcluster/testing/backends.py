@@ -235,3 +235,21 @@ def open_backend(spec: BackendSpec, label: str | None = None) -> Backend:
             action()
         raise BackendUnavailable(f"{spec.name}: cannot create tables: {exc}", named=True) from exc
     return Backend(spec.name, label or spec.name, url, engine, cleanup)
+
+
+def open_url(url: str, label: str | None = None) -> Backend:
+    """Open a backend from a URL (the conformance suite's ``--dbcluster-url``): a database of its
+    own where the server can create one, else the given database with fresh dbcluster tables."""
+    cleanup: list[Any] = []
+    try:
+        isolated = _isolate(url, cleanup)
+    except Exception as exc:  # noqa: BLE001 - reported with the reason
+        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        raise BackendUnavailable(
+            f"{safe_url(url)} cannot be reached: {reason}", named=True
+        ) from exc
+    engine = make_engine(isolated)
+    drop_tables(engine)
+    schema.metadata.create_all(engine)
+    name = get_provider(engine).name
+    return Backend(name, label or name, isolated, engine, cleanup)

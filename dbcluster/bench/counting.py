@@ -1,0 +1,111 @@
+"""Counts the SQL statements a process sends, by what they touch.
+
+Installed on the :class:`~sqlalchemy.engine.Engine` class, so every engine of the process counts.
+Worker processes started by the benchmark install it from the bench app module and write their
+totals to a file (``DBCLUSTER_BENCH_COUNTS``) every few hundred milliseconds and at exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import re
+import threading
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+
+COORDINATION_TABLES = ("batch_partitions", "batch_nodes", "batch_job_coordination")
+
+_lock = threading.Lock()
+counts: Counter[str] = Counter()
+_installed = False
+
+
+_MAIN_TABLE = re.compile(
+    r"^\s*(?:(update)\s+(\w+)|(insert)\s+into\s+(\w+)|(delete)\s+from\s+(\w+)|(select)\b.*?\bfrom\s+(\w+))",
+    re.IGNORECASE | re.DOTALL,
+)
+
+
+def classify(statement: str) -> tuple[str, str]:
+    """(category, detail): the category is ``coordination`` for a statement whose main table is
+    a coordination table, ``repository`` for the job repository, ``other`` for the rest (user
+    tables, clock reads); the detail is the verb and the main table."""
+    match = _MAIN_TABLE.match(statement)
+    if not match:
+        return "other", statement.split(None, 1)[0].lower() if statement.strip() else "?"
+    groups = [g for g in match.groups() if g]
+    verb, table = groups[0].lower(), groups[1].lower()
+    if table in COORDINATION_TABLES:
+        kind = "coordination"
+    elif table.startswith("batch_"):
+        kind = "repository"
+    else:
+        kind = "other"
+    return kind, f"{verb} {table}"
+
+
+def _on_execute(
+    conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, executemany: bool
+) -> None:
+    kind, detail = classify(statement)
+    with _lock:
+        counts[kind] += 1
+        counts["total"] += 1
+        counts[f"  {detail}"] += 1
+
+
+def _on_commit(conn: Any) -> None:
+    with _lock:
+        counts["commit"] += 1
+
+
+def install() -> None:
+    global _installed
+    if _installed:
+        return
+    event.listen(Engine, "before_cursor_execute", _on_execute)
+    event.listen(Engine, "commit", _on_commit)
+    _installed = True
+
+
+def snapshot() -> dict[str, int]:
+    with _lock:
+        return dict(counts)
+
+
+def reset() -> None:
+    with _lock:
+        counts.clear()
+
+
+def dump(path: str | Path) -> None:
+    target = Path(path)
+    tmp = target.with_suffix(".tmp")
+    tmp.write_text(json.dumps(snapshot()))
+    os.replace(tmp, target)
+
+
+def start_dumping(path: str, interval_s: float = 0.2) -> None:
+    """Write this process's counts to ``path`` now, periodically and at exit."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(interval_s):
+            dump(path)
+
+    threading.Thread(target=loop, name="dbcluster-bench-counts", daemon=True).start()
+    atexit.register(lambda: (stop.set(), dump(path)))
+    dump(path)
+
+
+def read(path: str | Path) -> dict[str, int]:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}

@@ -1,0 +1,52 @@
+"""``dbcluster demo``: a worker is killed mid-run, its partitions move, the total is right."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+
+import pytest
+from cli_helpers import cli, cli_env
+
+from dbcluster.demo import demo_metadata
+from dbcluster.testing.backends import Backend
+
+
+def run_demo(*args: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    began = time.monotonic()
+    proc = subprocess.run(
+        cli("demo", *args), capture_output=True, text=True, timeout=120, env=cli_env()
+    )
+    return proc, time.monotonic() - began
+
+
+def check_output(proc: subprocess.CompletedProcess[str]) -> None:
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr[-3000:]
+    assert re.search(r"SIGKILL worker demo-w1 \(pid \d+", out), out
+    assert re.search(
+        r"reassigned receipts-\d+-\d+ from demo-w1-\w+ to demo-w\d-\w+ \(attempt 2", out
+    )
+    cluster = re.search(r"cluster total: +(\$[\d,.]+) from ([\d,]+) receipts", out)
+    single = re.search(r"single-process total: +(\$[\d,.]+) from ([\d,]+) receipts", out)
+    assert cluster and single, out
+    assert cluster.groups() == single.groups()
+    assert "COMPLETED" in out and "OK" in out
+    assert "Traceback" not in proc.stderr
+
+
+def test_demo_on_a_fresh_sqlite_file() -> None:
+    proc, took = run_demo()
+    check_output(proc)
+    assert took < 60
+
+
+@pytest.mark.backends("postgresql")
+def test_demo_on_a_given_url(backend: Backend) -> None:
+    try:
+        proc, _ = run_demo("--url", backend.url, "--nodes", "2")
+        check_output(proc)
+        assert "a SQLite file" not in proc.stdout
+    finally:
+        demo_metadata.drop_all(backend.engine)

@@ -1,0 +1,107 @@
+"""Errors a user can make: one clear line on stderr, exit status 2, no traceback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from cli_helpers import APP, run_cli
+
+from dbcluster.dialects import make_engine
+from dbcluster.schema import metadata
+
+UNREACHABLE = "postgresql+psycopg://dbc:s3cret@127.0.0.1:9/nowhere"
+
+
+@pytest.fixture(scope="module")
+def ready_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A SQLite database with the dbcluster tables and no jobs."""
+    url = f"sqlite:///{tmp_path_factory.mktemp('cli-errors') / 'ready.db'}"
+    engine = make_engine(url)
+    metadata.create_all(engine)
+    engine.dispose()
+    return url
+
+
+def assert_user_error(args: list[str], *expected: str) -> str:
+    proc = run_cli(*args, timeout=30)
+    message = proc.stderr.strip()
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    assert len(message.splitlines()) == 1, message
+    assert proc.stdout == ""
+    for text in expected:
+        assert text in message, message
+    return message
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["status"],
+        ["launch", "--app", APP, "reconcile-receipts", "run=1", "--json"],
+        ["worker", "--app", APP],
+    ],
+)
+def test_unreachable_database(command: list[str]) -> None:
+    message = assert_user_error([*command, "--url", UNREACHABLE], "cannot connect to")
+    assert "s3cret" not in message and "dbc:***@127.0.0.1:9" in message
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["status"],
+        ["jobs"],
+        ["job", "1", "--json"],
+        ["launch", "--app", APP, "reconcile-receipts", "run=1"],
+        ["restart", "--app", APP, "1"],
+        ["worker", "--app", APP],
+    ],
+)
+def test_tables_missing_says_to_run_init(command: list[str], tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'empty.db'}"
+    assert_user_error([*command, "--url", url], "no dbcluster tables", "dbcluster init")
+
+
+@pytest.mark.parametrize(
+    ("command", "app", "expected"),
+    [
+        ("launch", "no_such_module_xyz:registry", "cannot import module 'no_such_module_xyz'"),
+        ("restart", "dbcluster.demo:no_such_registry", "has no attribute 'no_such_registry'"),
+        ("worker", "dbcluster.demo", "must look like 'package.module:attribute'"),
+    ],
+)
+def test_app_not_importable(command: str, app: str, expected: str, ready_url: str) -> None:
+    extra = {"launch": ["reconcile-receipts"], "restart": ["1"], "worker": []}[command]
+    assert_user_error([command, "--url", ready_url, "--app", app, *extra], expected)
+
+
+def test_unknown_job(ready_url: str) -> None:
+    assert_user_error(
+        ["launch", "--url", ready_url, "--app", APP, "no-such-job", "--json"],
+        "no job named 'no-such-job'",
+        "reconcile-receipts",
+    )
+
+
+@pytest.mark.parametrize(
+    ("param", "expected"),
+    [
+        ("oops", "bad job parameter 'oops'"),
+        ("n(int)=twelve", "cannot read 'twelve' as int"),
+    ],
+)
+def test_bad_parameter_syntax(param: str, expected: str, ready_url: str) -> None:
+    assert_user_error(
+        ["launch", "--url", ready_url, "--app", APP, "reconcile-receipts", param], expected
+    )
+
+
+@pytest.mark.parametrize("command", [["job", "999"], ["restart", "--app", APP, "999"]])
+def test_unknown_execution(command: list[str], ready_url: str) -> None:
+    assert_user_error([*command, "--url", ready_url], "no job execution with id 999")
+
+
+def test_unsupported_url() -> None:
+    assert_user_error(["status", "--url", "informix://u:pw@h/db"], "supported:")
