@@ -203,7 +203,7 @@ def launch(
         return
 
     def start(cluster: Any) -> Any:
-        execution = cluster.launcher.create_execution(job_def, parameters)
+        execution = cluster.create_execution(job_def, parameters)
         if detached_child:
             _report_to_parent(execution.id)
         # Cluster.launch() is create_execution() then run_execution(); split so a detached master

@@ -38,6 +38,7 @@ from dbcluster.bench.harness import scratch_database, worker_pool
 from dbcluster.cluster import Cluster, ClusterSettings
 from dbcluster.dialects import make_engine
 from dbcluster.schema import partitions, step_execution
+from dbcluster.testing.waiting import wait_for
 
 #: Thresholds for the failover scenario (short, so it finishes in seconds).
 FAILOVER_SETTINGS = ClusterSettings(
@@ -62,6 +63,9 @@ class Params:
     idle_nodes: int = 4
     scale_nodes: tuple[int, ...] = (2, 5, 10, 20)
     scale_partitions: int = 400
+    #: Partitions each node runs at once in ``scale``: 20 nodes x (this + the node's own
+    #: coordination connections) must fit the server's connection limit.
+    scale_concurrency: int = 2
     chunk_rows: int = 1_000_000
     chunk_size: int = 1000
     settings: ClusterSettings = field(default_factory=ClusterSettings.from_env)
@@ -92,13 +96,7 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def _wait(condition: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.01)
-    raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+    return wait_for(condition, timeout, what, poll=0.01)
 
 
 # --- overhead -----------------------------------------------------------------------------------
@@ -380,7 +378,7 @@ def scale(url: str | None, p: Params) -> dict[str, Any]:
         engine = make_engine(db)
         for n in p.scale_nodes:
             with worker_pool(db, settings) as pool:
-                pool.start(n)
+                pool.start(n, concurrency=p.scale_concurrency)
                 pool.wait_registered(engine, n, timeout=120)
                 before = pool.counts()
                 counting.install()

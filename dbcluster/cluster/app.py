@@ -9,7 +9,11 @@ from typing import Any
 from sqlalchemy import Engine
 
 from dbcluster.batch.domain import JobExecution
-from dbcluster.batch.exceptions import NoSuchJobExecutionError, OptimisticLockingFailureError
+from dbcluster.batch.exceptions import (
+    JobRestartError,
+    NoSuchJobExecutionError,
+    OptimisticLockingFailureError,
+)
 from dbcluster.batch.job import Job
 from dbcluster.batch.launcher import JobLauncher
 from dbcluster.batch.parameters import JobParameters, as_job_parameters
@@ -21,7 +25,12 @@ from dbcluster.cluster.handler import ClusterPartitionHandler
 from dbcluster.cluster.node import Node
 from dbcluster.cluster.settings import ClusterSettings
 from dbcluster.dialects import make_engine
-from dbcluster.dialects.base import COORD_COMPLETED, COORD_FAILED, COORD_STARTED
+from dbcluster.dialects.base import (
+    COORD_COMPLETED,
+    COORD_CREATED,
+    COORD_FAILED,
+    COORD_STARTED,
+)
 
 log = logging.getLogger("dbcluster.cluster")
 
@@ -83,8 +92,7 @@ class Cluster:
     ) -> JobExecution:
         """Run the job with this node as its master; returns the finished execution."""
         job = self._job(job)
-        execution = self.launcher.create_execution(job, as_job_parameters(params))
-        return self.run_execution(job, execution)
+        return self.run_execution(job, self.create_execution(job, as_job_parameters(params)))
 
     def restart(self, execution_id: int) -> JobExecution:
         """Run a FAILED or ABANDONED execution's instance again (only unfinished partitions)."""
@@ -92,14 +100,36 @@ class Cluster:
         if old is None:
             raise NoSuchJobExecutionError(f"there is no job execution with id {execution_id}")
         job = self.registry.get_job(old.job_name)
-        return self.run_execution(job, self.launcher.create_execution(job, old.parameters))
+        return self.run_execution(job, self.create_execution(job, old.parameters))
+
+    def create_execution(self, job: Job, params: JobParameters) -> JobExecution:
+        """The launcher's checks, plus one of the cluster's: an instance whose last execution
+        still has partitions in flight (PENDING or CLAIMED on some node) cannot run again yet,
+        or a partition could run in both executions at once."""
+        instance = self.repository.get_job_instance(job.name, params)
+        if instance is not None:
+            executions = self.repository.get_job_executions(instance)
+            if executions:
+                last = executions[0]
+                in_flight = self.node.store.in_flight(last.id)
+                if in_flight and not last.status.is_running:
+                    raise JobRestartError(
+                        f"job {job.name!r} execution {last.id} ended {last.status.value} but "
+                        f"{in_flight} of its partition(s) are still in flight; restart it once "
+                        f"they finish or their nodes are removed from the cluster"
+                    )
+        return self.launcher.create_execution(job, params)
 
     def run_execution(self, job: Job, execution: JobExecution) -> JobExecution:
-        """Run an execution made by ``launcher.create_execution`` with this node as master (lets a
+        """Run an execution made by :meth:`create_execution` with this node as master (lets a
         caller learn the execution id before the job runs)."""
         log.info(
             "node %s is master of job %s, execution %s", self.node.node_id, job.name, execution.id
         )
+        try:
+            self.node.store.insert_coordination(execution.id, self.node.node_id, COORD_CREATED)
+        except Exception as exc:  # noqa: BLE001 - the partition step writes it then
+            log.warning("could not record mastership of execution %s: %s", execution.id, exc)
         try:
             job.execute(execution, self.launcher.runtime)
         except OptimisticLockingFailureError:
@@ -124,8 +154,17 @@ class Cluster:
             )
             return execution
         try:
+            if self.node.store.in_flight(execution.id):
+                # Partitions still run under this execution (its monitor broke before they
+                # ended); the row stays in flight so that, should this node go, a survivor fails
+                # them. A restart is refused until they are gone.
+                log.warning(
+                    "execution %s ended with partitions in flight; coordination left open",
+                    execution.id,
+                )
+                return execution
             self.node.store.set_coordination_status(
-                execution.id, self.node.node_id, [COORD_STARTED], status
+                execution.id, self.node.node_id, [COORD_CREATED, COORD_STARTED], status
             )
         except Exception as exc:  # noqa: BLE001 - a survivor closes it if we cannot
             log.warning("could not close coordination of execution %s: %s", execution.id, exc)

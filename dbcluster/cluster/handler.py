@@ -163,6 +163,11 @@ class ClusterPartitionHandler:
         node.masters.add(self)
         try:
             self._monitor(master, job_execution.id)
+        except MastershipLostError:
+            raise  # not ours to write any more: a survivor fails what is in flight
+        except Exception:
+            self._fail_in_flight(job_execution.id)
+            raise
         finally:
             node.masters.discard(self)
         return repository.get_step_executions_by_ids(
@@ -194,6 +199,27 @@ class ClusterPartitionHandler:
                 self._check_still_master(job_execution_id)
                 no_node_since = self._recover_orphans(master.id, no_node_since)
             time.sleep(settings.master_check_interval / 1000)
+
+    def _fail_in_flight(self, job_execution_id: int) -> None:
+        """The monitor broke (the database stopped answering): the step is about to end FAILED,
+        so nothing of it may go on running, or a restart would run it beside the old attempt.
+        Fail what is in flight once the database answers; if it never does before this node is
+        fenced, a survivor abandons the job and does it."""
+        node = self.node
+        identity = node.identity
+        while not identity.fenced.is_set():
+            try:
+                failed = node.store.fail_job_partitions(job_execution_id)
+                log.warning(
+                    "master %s failed %d in-flight partition(s) of job execution %s",
+                    identity.node_id,
+                    failed,
+                    job_execution_id,
+                )
+                return
+            except Exception as exc:  # noqa: BLE001 - wait for the database
+                log.warning("master cannot fail in-flight partitions yet: %s", exc)
+                time.sleep(node.settings.heartbeat_interval / 1000)
 
     def _check_still_master(self, job_execution_id: int) -> None:
         row = self.node.store.coordination(job_execution_id)

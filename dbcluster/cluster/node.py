@@ -67,7 +67,7 @@ def _own_pool(engine: Engine) -> Engine:
     # pool is invalidated, and the store repeats it on a fresh connection; a ping per checkout
     # would add a round trip to every heartbeat, poll and claim.
     return make_engine(
-        engine.url, coordination=True, pool_size=3, max_overflow=3, pool_pre_ping=False
+        engine.url, coordination=True, pool_size=2, max_overflow=2, pool_pre_ping=False
     )
 
 
@@ -269,7 +269,8 @@ class Node:
         for thread in self._threads:
             thread.join(timeout=5)
         if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
+            # Queued tasks are not cancelled: each one, refused by _begin, hands its partition back.
+            self._executor.shutdown(wait=False)
         identity = self._identity
         if identity is not None and not identity.fenced.is_set():
             try:
@@ -421,35 +422,58 @@ class Node:
         # More may be waiting: poll again as soon as a slot frees up.
         self._backlog = len(polled) >= free
         claimed: list[Task] = []
-        for pending in polled:
-            if identity.fenced.is_set() or self._stopping.is_set():
-                break
-            if pending.step_execution_id in self._tasks:
-                continue
-            if not self.store.claim(pending.step_execution_id, identity.node_id, pending.attempt):
-                continue
-            task = Task(pending, identity)
-            with self._lock:
-                self._tasks[pending.step_execution_id] = task
-            claimed.append(task)
-            log.info(
-                "node %s claimed partition %s (%s, attempt %d)",
-                identity.node_id,
-                pending.partition_name,
-                pending.step_execution_id,
-                pending.attempt,
-            )
-            self._emit(
-                "claimed",
-                node_id=identity.node_id,
-                partition=pending.partition_name,
-                id=pending.step_execution_id,
-                attempt=pending.attempt,
-            )
-        self._preload(claimed)
-        assert self._executor is not None
-        for task in claimed:
-            task.future = self._executor.submit(self._run, task)
+        try:
+            for pending in polled:
+                if identity.fenced.is_set() or self._stopping.is_set():
+                    break
+                if pending.step_execution_id in self._tasks:
+                    continue
+                try:
+                    won = self.store.claim(
+                        pending.step_execution_id, identity.node_id, pending.attempt
+                    )
+                except Exception as exc:  # noqa: BLE001 - a claim that may have committed
+                    log.warning("claim of partition %s failed: %s", pending.step_execution_id, exc)
+                    won = self._claimed_anyway(pending, identity)
+                if not won:
+                    continue
+                task = Task(pending, identity)
+                with self._lock:
+                    self._tasks[pending.step_execution_id] = task
+                claimed.append(task)
+                log.info(
+                    "node %s claimed partition %s (%s, attempt %d)",
+                    identity.node_id,
+                    pending.partition_name,
+                    pending.step_execution_id,
+                    pending.attempt,
+                )
+                self._emit(
+                    "claimed",
+                    node_id=identity.node_id,
+                    partition=pending.partition_name,
+                    id=pending.step_execution_id,
+                    attempt=pending.attempt,
+                )
+        finally:
+            # Whatever happened above, every partition claimed gets a task that runs it (or,
+            # refused by _begin when fenced or stopping, hands it back).
+            self._preload(claimed)
+            assert self._executor is not None
+            for task in claimed:
+                task.future = self._executor.submit(self._run, task)
+
+    def _claimed_anyway(self, pending: PendingPartition, identity: Identity) -> bool:
+        """After a claim raised: whether it committed all the same (then it is ours to run)."""
+        deadline = time.monotonic() + self.settings.unreachable_threshold / 1000
+        while time.monotonic() < deadline and not identity.fenced.is_set():
+            try:
+                return self.store.holds(
+                    pending.step_execution_id, identity.node_id, pending.attempt
+                )
+            except Exception:  # noqa: BLE001 - the database is not answering yet
+                time.sleep(0.1)
+        return False
 
     def _job_execution(self, job_execution_id: int) -> JobExecution | None:
         """Job executions are read once per node and shared by their partitions (a worker step
@@ -490,7 +514,7 @@ class Node:
 
     def _begin(self, task: Task) -> bool:
         with self._lock:
-            if task.state != CLAIMED or task.identity.fenced.is_set():
+            if task.state != CLAIMED or task.identity.fenced.is_set() or self._stopping.is_set():
                 return False
             task.state = RUNNING
             return True
@@ -653,6 +677,11 @@ class Node:
                 p.partition_name,
                 exc,
             )
+            if not identity.fenced.is_set():
+                # Refused on its version, not its guard (e.g. a commit acknowledgement lost on
+                # a dropped connection): the node still holds the partition, so record an
+                # outcome rather than leave it CLAIMED where no master looks.
+                self._fail_after_error(task)
             return None
         if recorded and recorded[0] == RELEASED:
             log.info("node %s handed back stopped partition %s", identity.node_id, p.partition_name)

@@ -31,20 +31,35 @@ def recover_stranded_jobs(node: Node) -> list[int]:
     """Abandon every in-flight job whose master is gone; returns the job execution ids this
     node abandoned."""
     abandoned: list[int] = []
+    # A recovery this node started and could not finish (a transient error part-way) is its own
+    # to finish: it is alive, so no survivor will pick the row up.
+    for job in node.store.unfinished_recoveries(node.node_id):
+        if node.is_fenced:
+            return abandoned
+        if _abandon_logged(node, job):
+            abandoned.append(job.job_execution_id)
     for job in node.store.stranded_jobs():
         if node.is_fenced:
             break
         if not node.store.claim_stranded(job, node.node_id):
             continue
-        if abandon(node, job):
+        if _abandon_logged(node, job):
             abandoned.append(job.job_execution_id)
     return abandoned
+
+
+def _abandon_logged(node: Node, job: StrandedJob) -> bool:
+    try:
+        return abandon(node, job)
+    except Exception as exc:  # noqa: BLE001 - the row stays RECOVERING; the next scan resumes it
+        log.warning("recovery of job execution %s failed part-way: %s", job.job_execution_id, exc)
+        return False
 
 
 def abandon(node: Node, job: StrandedJob) -> bool:
     store, repository, provider = node.store, node.repository, node.store.provider
     me = node.node_id
-    lost = job.master_node
+    lost = job.master_node if job.master_node != me else "(lost before this recovery resumed)"
     execution = repository.get_job_execution(job.job_execution_id)
     if execution is None:
         return False

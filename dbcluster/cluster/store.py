@@ -207,6 +207,16 @@ class CoordinationStore:
             self._partition_is(step_execution_id, "CLAIMED", node_id, attempt),
         )
 
+    def holds(self, step_execution_id: int, node_id: str, attempt: int) -> bool:
+        """Whether the partition is CLAIMED by this node under this attempt."""
+        verify = self._partition_is(step_execution_id, "CLAIMED", node_id, attempt)
+
+        def work() -> bool:
+            with self.engine.connect() as conn:
+                return verify(conn)
+
+        return self._retry(work, "holds")
+
     def finish(self, step_execution_id: int, node_id: str, attempt: int, status: str) -> bool:
         return self._guarded(
             self.provider.finish_partition(step_execution_id, node_id, attempt, status),
@@ -266,6 +276,19 @@ class CoordinationStore:
         rows = self._rows(self.provider.select_partition_counts(master_step_execution_id), "counts")
         return {r[0]: int(r[1]) for r in rows}
 
+    def in_flight(self, job_execution_id: int) -> int:
+        rows = self._rows(self.provider.select_in_flight_count(job_execution_id), "in flight")
+        return int(rows[0][0])
+
+    def fail_job_partitions(self, job_execution_id: int) -> int:
+        return self._rowcount(self.provider.fail_job_partitions(job_execution_id), "fail job")
+
+    def insert_coordination(self, job_execution_id: int, master_node: str, status: str) -> None:
+        """The row a master writes before its job runs, so a master lost before its first
+        partitioned step still leaves something a survivor recovers."""
+        stmt = self.provider.insert_coordination(job_execution_id, master_node, 0, "-", status)
+        self._rowcount(stmt, "coordination")
+
     def partitions(self, master_step_execution_id: int) -> list[Any]:
         return list(self._rows(self.provider.select_partitions(master_step_execution_id), "list"))
 
@@ -288,6 +311,13 @@ class CoordinationStore:
 
     def stranded_jobs(self) -> list[StrandedJob]:
         rows = self._rows(self.provider.select_stranded_masters(), "stranded")
+        return [
+            StrandedJob(r.job_execution_id, r.master_node, r.master_step_execution_id, r.status)
+            for r in rows
+        ]
+
+    def unfinished_recoveries(self, node_id: str) -> list[StrandedJob]:
+        rows = self._rows(self.provider.select_recovering_owned_by(node_id), "recovering")
         return [
             StrandedJob(r.job_execution_id, r.master_node, r.master_step_execution_id, r.status)
             for r in rows

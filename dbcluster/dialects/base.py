@@ -121,6 +121,12 @@ class QueryProvider:
         """Keyword arguments for ``create_engine`` that this database needs."""
         return {"pool_pre_ping": True}
 
+    def coordination_engine_options(self) -> dict[str, Any]:
+        """Extra ``create_engine`` arguments for a node's own coordination engine: chiefly a
+        lock wait bound, so a master or heartbeat never waits forever behind a row lock held by
+        a stopped process (the wait fails as a transient error and is retried)."""
+        return {}
+
     def configure_engine(self, engine: Engine, *, coordination: bool = False) -> None:
         """Per-engine set-up (connection pragmas, transaction begin statements)."""
 
@@ -443,6 +449,15 @@ class QueryProvider:
             .group_by(partitions.c.status)
         )
 
+    def select_in_flight_count(self, job_execution_id: int) -> Select[Any]:
+        """How many partitions of a job execution are PENDING or CLAIMED."""
+        from sqlalchemy import func
+
+        return select(func.count()).where(
+            partitions.c.job_execution_id == job_execution_id,
+            partitions.c.status.in_(PARTITION_IN_FLIGHT),
+        )
+
     def select_partitions(self, master_step_execution_id: int) -> Select[Any]:
         return (
             select(partitions)
@@ -547,6 +562,22 @@ class QueryProvider:
             .where(
                 job_coordination.c.status.in_(COORD_IN_FLIGHT),
                 self._node_gone(job_coordination.c.master_node),
+            )
+            .order_by(job_coordination.c.job_execution_id)
+        )
+
+    def select_recovering_owned_by(self, node_id: str) -> Select[Any]:
+        """Recoveries this node claimed but did not finish (it is alive, so no one else will)."""
+        return (
+            select(
+                job_coordination.c.job_execution_id,
+                job_coordination.c.master_node,
+                job_coordination.c.master_step_execution_id,
+                job_coordination.c.status,
+            )
+            .where(
+                job_coordination.c.status == COORD_RECOVERING,
+                job_coordination.c.master_node == node_id,
             )
             .order_by(job_coordination.c.job_execution_id)
         )

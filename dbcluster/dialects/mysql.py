@@ -49,6 +49,9 @@ class MySQLProvider(QueryProvider):
     def engine_options(self) -> dict[str, Any]:
         return {**super().engine_options(), "isolation_level": "READ COMMITTED"}
 
+    def coordination_engine_options(self) -> dict[str, Any]:
+        return {"connect_args": {"init_command": "SET SESSION innodb_lock_wait_timeout = 5"}}
+
     def register_node(self, conn: Connection, node_id: str, host: str, capacity: int = 0) -> None:
         values = self._node_values(host, capacity)
         stmt = mysql_insert(nodes).values(node_id=node_id, created_time=self.now(), **values)

@@ -34,6 +34,9 @@ class PostgreSQLProvider(QueryProvider):
     def drop_database_sql(self, name: str) -> str:
         return f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"
 
+    def coordination_engine_options(self) -> dict[str, Any]:
+        return {"connect_args": {"options": "-c lock_timeout=5000"}}
+
     def register_node(self, conn: Connection, node_id: str, host: str, capacity: int = 0) -> None:
         values = self._node_values(host, capacity)
         stmt = pg_insert(nodes).values(node_id=node_id, created_time=self.now(), **values)

@@ -179,7 +179,14 @@ def make_engine(url: str | URL, *, coordination: bool = False, **kwargs: Any) ->
     provider_cls = _provider_class_for_url(parsed)
     check_driver(parsed, provider_cls)
     provider = provider_cls(_dialect_class(parsed, provider_cls)())
-    options = {**provider.engine_options(), **kwargs}
+    options = {**provider.engine_options()}
+    if coordination:
+        extra = provider.coordination_engine_options()
+        connect_args = {**options.get("connect_args", {}), **extra.pop("connect_args", {})}
+        options.update(extra)
+        if connect_args:
+            options["connect_args"] = connect_args
+    options.update(kwargs)
     engine = create_engine(parsed, **options)
     provider.dialect = engine.dialect
     provider.configure_engine(engine, coordination=coordination)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import select
@@ -15,16 +14,7 @@ from dbcluster.cluster import Cluster, LeastLoaded
 from dbcluster.schema import job_coordination, nodes, partitions
 from dbcluster.testing.app import expected_total, ledger
 from dbcluster.testing.backends import Backend
-
-
-def wait_for(condition: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+from dbcluster.testing.waiting import in_thread, wait_for
 
 
 def ledger_rows(backend: Backend, execution_ids: list[int] | None = None) -> list[Any]:
@@ -43,18 +33,8 @@ def partition_rows(backend: Backend, job_execution_id: int) -> list[Any]:
 
 
 def launch_in_thread(cluster: Cluster, job: str, params: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            out["execution"] = cluster.launch(job, params)
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
-            out["error"] = exc
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    out["thread"] = thread
-    return out
+    run = in_thread(lambda: cluster.launch(job, params))
+    return run
 
 
 def test_three_nodes_run_a_twelve_partition_job_once_each(backend: Backend, make_cluster) -> None:
@@ -124,7 +104,7 @@ def test_frozen_worker_transferable_move_non_transferable_fail_and_it_rejoins(
     assert any(not p.transferable for p in frozen.values())
     run["thread"].join(timeout=30)
     assert not run["thread"].is_alive(), "job did not end"
-    execution = run["execution"]
+    execution = run["result"]
     parts = {p.partition_name: p for p in partition_rows(backend, execution.id)}
     after_freeze = {p.step_execution_id: p for p in parts.values()}
     moved, lost = [], []
@@ -251,7 +231,7 @@ def test_graceful_stop_hands_over_unstarted_partitions_quickly(
     assert elapsed_ms < slow.unreachable_threshold / 2, f"handoff took {elapsed_ms:.0f} ms"
     stopped.join(timeout=10)
     run["thread"].join(timeout=30)
-    execution = run["execution"]
+    execution = run["result"]
     assert execution.status is BatchStatus.COMPLETED
     counts = Counter(r.partition_name for r in ledger_rows(backend, [execution.id]))
     assert len(counts) == 8 and max(counts.values()) == 1

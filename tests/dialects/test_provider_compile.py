@@ -70,6 +70,8 @@ def statements(provider: QueryProvider) -> list:
         provider.restart_coordination(1, "n", 2, "w"),
         provider.fail_job_partitions(1),
         provider.release_pending_for_node("n"),
+        provider.select_recovering_owned_by("n"),
+        provider.select_in_flight_count(1),
         select(nodes.c.node_id).where(provider.partition_guard(1, "n", 1)),
         provider.claim_stranded_master(1, "n", COORD_STARTED, "m"),
     ]
