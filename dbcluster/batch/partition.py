@@ -147,12 +147,22 @@ class PartitionStep(Step):
     def execution_name(self, partition_name: str) -> str:
         return f"{self.worker_step.name}:{partition_name}"
 
+    def plan(
+        self, master: StepExecution, worker_count: int
+    ) -> Mapping[str, ExecutionContext | Mapping[str, Any]] | None:
+        """The partitioner's slices for a first run, or None on a restart (which re-runs the
+        earlier partitions and never re-partitions). Holds no transaction."""
+        if master.execution_context.get(PARTITION_NAMES_KEY) is not None:
+            return None
+        return self.partitioner.partition(self.grid_size or max(1, worker_count))
+
     def split(
         self,
         master: StepExecution,
         worker_count: int,
         runtime: BatchRuntime,
         conn: Connection | None = None,
+        planned: Mapping[str, ExecutionContext | Mapping[str, Any]] | None = None,
     ) -> list[PartitionWork]:
         """Create the partition step executions (on a restart: only the not-COMPLETED ones, with
         their previous names and contexts) and return them.
@@ -160,15 +170,16 @@ class PartitionStep(Step):
         With ``conn``, every repository statement runs in that transaction and nothing is
         committed here. The partitioner is not given ``conn``: on SQLite, where a transaction holds
         the write lock, a partitioner that reads the database through its own connection waits
-        for ``conn``'s transaction, so split with ``conn=None`` there or partition before.
+        for ``conn``'s transaction, so call :meth:`plan` first and pass its result as ``planned``.
         """
         repository = runtime.repository
         job_execution = master.job_execution
         names = master.execution_context.get(PARTITION_NAMES_KEY)
         pending: list[tuple[str, ExecutionContext]] = []
         if names is None:
-            grid_size = self.grid_size or max(1, worker_count)
-            for name, context in self.partitioner.partition(grid_size).items():
+            if planned is None:
+                planned = self.plan(master, worker_count)
+            for name, context in (planned or {}).items():
                 if not isinstance(name, str) or not name:
                     raise BatchError(f"partitioner {self.partitioner!r} gave a bad name {name!r}")
                 pending.append((name, _as_context(context)))

@@ -103,8 +103,11 @@ class ClusterPartitionHandler:
         strategy = self.strategy
         # The node's coordination engine: on SQLite it begins IMMEDIATE, and this transaction
         # reads before it writes.
+        # The partitioner runs before the transaction: user code must not hold the write lock
+        # (SQLite has one for the whole database) while it reads its input.
+        planned = step.plan(master, len(workers))
         with node.coordination_engine.begin() as conn:
-            works = step.split(master, len(workers), runtime, conn)
+            works = step.split(master, len(workers), runtime, conn, planned=planned)
             placement = strategy.assign([w.name for w in works], workers) if works else {}
             exists = conn.execute(
                 select(job_coordination.c.master_node).where(

@@ -59,9 +59,9 @@ def checkpoint() -> None:
 def _own_pool(engine: Engine) -> Engine:
     """A small engine of the node's own for coordination statements, so that a heartbeat never
     waits for a connection behind partitions that hold the application's pool."""
-    from dbcluster.dialects import make_engine
+    from dbcluster.dialects import get_provider, make_engine
 
-    if engine.url.database in (None, "", ":memory:"):
+    if get_provider(engine).private_to_engine(engine):
         return engine
     # No pre-ping: a coordination statement on a dead connection fails as a transient error, the
     # pool is invalidated, and the store repeats it on a fresh connection; a ping per checkout

@@ -121,6 +121,11 @@ class QueryProvider:
         """Keyword arguments for ``create_engine`` that this database needs."""
         return {"pool_pre_ping": True}
 
+    def private_to_engine(self, engine: Engine) -> bool:
+        """The engine's database lives only inside that engine (an in-memory database): a second
+        engine would see another, empty database."""
+        return False
+
     def coordination_engine_options(self) -> dict[str, Any]:
         """Extra ``create_engine`` arguments for a node's own coordination engine: chiefly a
         lock wait bound, so a master or heartbeat never waits forever behind a row lock held by

@@ -48,6 +48,9 @@ class SQLiteProvider(QueryProvider):
         ).concat(literal("000"))
         return column < threshold
 
+    def private_to_engine(self, engine: Engine) -> bool:
+        return engine.url.database in (None, "", ":memory:")
+
     def engine_options(self) -> dict[str, Any]:
         return {"connect_args": {"timeout": self.busy_timeout_s, "check_same_thread": False}}
 

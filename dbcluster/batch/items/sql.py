@@ -58,12 +58,15 @@ class SqlKeyRangeReader:
 
     def _fetch(self) -> None:
         stmt = select(*self.columns)
-        if self.lo is not None:
+        # One lower bound only: after the first page, "key > last" replaces "key >= lo" (it is
+        # tighter). Given both, SQLite's planner may start its index range at lo on every page,
+        # which makes reading a slice quadratic.
+        if self._last_key is not None:
+            stmt = stmt.where(self.key > self._last_key)
+        elif self.lo is not None:
             stmt = stmt.where(self.key >= self.lo)
         if self.hi is not None:
             stmt = stmt.where(self.key < self.hi)
-        if self._last_key is not None:
-            stmt = stmt.where(self.key > self._last_key)
         stmt = stmt.order_by(self.key).limit(self.page_size)
         with self.engine.connect() as conn:
             self._buffer = [dict(row._mapping) for row in conn.execute(stmt)]
