@@ -247,6 +247,7 @@ class Node:
         self._stopping.set()
         self._resumed.set()
         self._poll_wake.set()
+        self._withdraw()
         self._release_unstarted()
         deadline = time.monotonic() + drain / 1000
         self._wait_running(deadline)
@@ -273,6 +274,9 @@ class Node:
             self._executor.shutdown(wait=False)
         identity = self._identity
         if identity is not None and not identity.fenced.is_set():
+            # Nothing writes under this id after it leaves (a master still monitoring stops).
+            identity.fence_reason = "left the cluster"
+            identity.fenced.set()
             try:
                 self.store.deregister(identity.node_id)
                 log.info("node %s left the cluster", identity.node_id)
@@ -281,6 +285,16 @@ class Node:
         self._threads = []
         if self.coordination_engine is not self.engine:
             self.coordination_engine.dispose()
+
+    def _withdraw(self) -> None:
+        """Publish capacity 0, so no master places or moves partitions onto a leaving node."""
+        identity = self._identity
+        if identity is None or identity.fenced.is_set() or self.capacity == 0:
+            return
+        try:
+            self.store.set_capacity(identity.node_id, 0)
+        except Exception as exc:  # noqa: BLE001 - its partitions move once it leaves anyway
+            log.warning("node %s could not withdraw its capacity: %s", identity.node_id, exc)
 
     def _running_tasks(self) -> list[Task]:
         with self._lock:

@@ -169,6 +169,9 @@ class CoordinationStore:
 
         return self._retry(work, "sweep")
 
+    def set_capacity(self, node_id: str, capacity: int) -> None:
+        self._rowcount(self.provider.set_node_capacity(node_id, capacity), "capacity")
+
     def deregister(self, node_id: str) -> None:
         self._rowcount(self.provider.deregister_node(node_id), "deregister")
 

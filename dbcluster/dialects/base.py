@@ -238,6 +238,9 @@ class QueryProvider:
             .values(last_heartbeat=self.now(), current_load=load, status=NODE_ACTIVE)
         )
 
+    def set_node_capacity(self, node_id: str, capacity: int) -> Update:
+        return update(nodes).where(nodes.c.node_id == node_id).values(capacity=capacity)
+
     def mark_unreachable(self, threshold_ms: int) -> Update:
         return (
             update(nodes)

@@ -51,6 +51,7 @@ def statements(provider: QueryProvider) -> list:
         provider.mark_unreachable(10_000),
         provider.remove_stale(30_000),
         provider.deregister_node("n"),
+        provider.set_node_capacity("n", 0),
         provider.select_nodes(),
         provider.select_nodes_with_age(),
         provider.insert_partitions(),
