@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -139,7 +140,28 @@ class Cluster:
                 raise
             log.warning("job execution %s was abandoned by a survivor", execution.id)
             return reloaded
+        except Exception as exc:
+            # The job could not record its end (the database stopped answering): fail it once
+            # the database answers, so it is not left STARTED under a master that lives on.
+            log.error("job execution %s could not finish: %s", execution.id, exc)
+            self._fail_when_possible(execution.id, f"master {self.node.node_id} failed: {exc}")
+            raise
         return self._finish(execution)
+
+    def _fail_when_possible(self, execution_id: int, message: str) -> None:
+        from dbcluster.cluster.recovery import fail_job
+
+        identity = self.node.identity
+        while not identity.fenced.is_set():
+            try:
+                fail_job(self.node, execution_id, message[:2000])
+                reloaded = self.repository.get_job_execution(execution_id)
+                if reloaded is not None:
+                    self._finish(reloaded)
+                return
+            except Exception as exc:  # noqa: BLE001 - wait for the database
+                log.warning("cannot record the failure of execution %s yet: %s", execution_id, exc)
+                time.sleep(self.settings.heartbeat_interval / 1000)
 
     def _finish(self, execution: JobExecution) -> JobExecution:
         """Close the coordination row once the job has ended (not when its partitioned step

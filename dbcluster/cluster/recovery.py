@@ -56,30 +56,22 @@ def _abandon_logged(node: Node, job: StrandedJob) -> bool:
         return False
 
 
-def abandon(node: Node, job: StrandedJob) -> bool:
-    store, repository, provider = node.store, node.repository, node.store.provider
-    me = node.node_id
-    lost = job.master_node if job.master_node != me else "(lost before this recovery resumed)"
-    execution = repository.get_job_execution(job.job_execution_id)
+def fail_job(node: Node, job_execution_id: int, message: str) -> tuple[bool, int]:
+    """Fail everything of a job execution that is still in flight: its partitions (so no late
+    worker commits beside a restart), its running step executions and the execution itself.
+    Returns (whether the execution was still running, how many partitions were failed)."""
+    repository, provider = node.repository, node.store.provider
+    execution = repository.get_job_execution(job_execution_id)
     if execution is None:
-        return False
-    message = f"master node {lost} was lost; job abandoned by node {me}"
-    # Whether or not the job already ended (a master that lost its row ends its job FAILED with
-    # partitions still in flight), nothing may go on running under it: a late worker of this
-    # execution would otherwise commit beside the restarted one.
+        return False, 0
     with node.coordination_engine.begin() as conn:
-        failed_partitions = conn.execute(
-            provider.fail_job_partitions(job.job_execution_id)
-        ).rowcount
+        failed_partitions = conn.execute(provider.fail_job_partitions(job_execution_id)).rowcount
     for se in repository.get_step_executions(execution):
         if se.status.is_running:
             fail_step_execution(repository, se.id, message)
-    if not execution.status.is_running:
-        # The job ended but its master left before closing the coordination row.
-        store.set_coordination_status(job.job_execution_id, me, [COORD_RECOVERING], COORD_COMPLETED)
-        return False
+    was_running = execution.status.is_running
     for _ in range(5):
-        execution = repository.get_job_execution(job.job_execution_id)
+        execution = repository.get_job_execution(job_execution_id)
         if execution is None or not execution.status.is_running:
             break
         execution.status = BatchStatus.FAILED
@@ -90,6 +82,22 @@ def abandon(node: Node, job: StrandedJob) -> bool:
             break
         except OptimisticLockingFailureError:
             continue
+    return was_running, failed_partitions
+
+
+def abandon(node: Node, job: StrandedJob) -> bool:
+    store = node.store
+    me = node.node_id
+    lost = job.master_node if job.master_node != me else "(lost before this recovery resumed)"
+    message = f"master node {lost} was lost; job abandoned by node {me}"
+    # Whether or not the job already ended (a master that lost its row ends its job FAILED with
+    # partitions still in flight), nothing may go on running under it: a late worker of this
+    # execution would otherwise commit beside the restarted one.
+    was_running, failed_partitions = fail_job(node, job.job_execution_id, message)
+    if not was_running:
+        # The job ended but its master left before closing the coordination row.
+        store.set_coordination_status(job.job_execution_id, me, [COORD_RECOVERING], COORD_COMPLETED)
+        return False
     if not store.set_coordination_status(
         job.job_execution_id, me, [COORD_RECOVERING], COORD_ABANDONED
     ):

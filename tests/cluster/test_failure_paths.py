@@ -74,7 +74,7 @@ def test_restart_is_refused_while_old_partitions_are_in_flight(
     cluster = make_cluster()
     failed = cluster.launch("ledger", {"run": 2, "fail": "*"})
     assert failed.status is BatchStatus.FAILED
-    with backend.engine.begin() as conn:
+    with backend.engine.connect() as conn:
         one = (
             conn.execute(
                 select(partitions.c.step_execution_id).where(
@@ -84,7 +84,10 @@ def test_restart_is_refused_while_old_partitions_are_in_flight(
             .scalars()
             .first()
         )
-        # As if a worker still ran it when the job ended (its master's monitor broke).
+    # As if a worker still ran it when the job ended (its master's monitor broke). (A separate
+    # write transaction: on SQLite a deferred one that read first cannot take the write lock
+    # once another writer committed.)
+    with backend.engine.begin() as conn:
         conn.execute(
             update(partitions).where(partitions.c.step_execution_id == one).values(status="CLAIMED")
         )
@@ -123,3 +126,28 @@ def test_a_claim_that_raises_after_committing_is_still_run(backend: Backend, mak
             )
         )
     assert len(names) == 4 and set(names.values()) == {1}
+
+
+def test_a_job_whose_end_cannot_be_recorded_is_failed_when_the_database_answers(
+    backend: Backend, make_cluster
+) -> None:
+    cluster = make_cluster()
+    real_update = cluster.repository.update_job_execution
+    calls: list[str] = []
+
+    def flaky_update(execution: Any, conn: Any = None) -> None:
+        if execution.status is BatchStatus.COMPLETED and not calls:
+            calls.append("refused")
+            raise ConnectionError("the database went away as the job ended")
+        real_update(execution, conn)
+
+    cluster.repository.update_job_execution = flaky_update  # type: ignore[method-assign]
+    with pytest.raises(ConnectionError):
+        cluster.launch("ledger", {"run": 4})
+    assert calls == ["refused"]
+    with backend.engine.connect() as conn:
+        row = conn.execute(select(job_coordination)).one()
+    execution = cluster.repository.get_job_execution(row.job_execution_id)
+    assert execution.status is BatchStatus.FAILED, "left STARTED under a live master"
+    assert "failed" in execution.exit_status.description
+    assert row.status == "FAILED"
