@@ -560,22 +560,20 @@ class QueryProvider:
 
     def select_stranded_masters(self) -> Select[Any]:
         """Coordination rows in flight whose master node is gone from the registry."""
-        return (
-            select(
-                job_coordination.c.job_execution_id,
-                job_coordination.c.master_node,
-                job_coordination.c.master_step_execution_id,
-                job_coordination.c.status,
-            )
-            .where(
-                job_coordination.c.status.in_(COORD_IN_FLIGHT),
-                self._node_gone(job_coordination.c.master_node),
-            )
-            .order_by(job_coordination.c.job_execution_id)
+        return self._select_coordination(
+            job_coordination.c.status.in_(COORD_IN_FLIGHT),
+            self._node_gone(job_coordination.c.master_node),
         )
 
     def select_recovering_owned_by(self, node_id: str) -> Select[Any]:
         """Recoveries this node claimed but did not finish (it is alive, so no one else will)."""
+        return self._select_coordination(
+            job_coordination.c.status == COORD_RECOVERING,
+            job_coordination.c.master_node == node_id,
+        )
+
+    @staticmethod
+    def _select_coordination(*where: ColumnElement[bool]) -> Select[Any]:
         return (
             select(
                 job_coordination.c.job_execution_id,
@@ -583,10 +581,7 @@ class QueryProvider:
                 job_coordination.c.master_step_execution_id,
                 job_coordination.c.status,
             )
-            .where(
-                job_coordination.c.status == COORD_RECOVERING,
-                job_coordination.c.master_node == node_id,
-            )
+            .where(*where)
             .order_by(job_coordination.c.job_execution_id)
         )
 
