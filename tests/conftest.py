@@ -8,7 +8,7 @@ was not named is skipped with the reason.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -55,6 +55,13 @@ def _open(name: str) -> Backend:
             pytest.fail(f"backend {name}: {found}", pytrace=False)
         pytest.skip(f"backend {name}: {found}")
     return found
+
+
+@pytest.fixture(scope="session")
+def open_test_backend() -> Callable[[str], Backend]:
+    """Opens the named backend once per run (shared by every fixture that needs one), failing or
+    skipping the test as the matrix says."""
+    return _open
 
 
 @pytest.fixture
