@@ -53,6 +53,20 @@ def _context_columns(context: ExecutionContext) -> dict[str, str | None]:
     }
 
 
+def _execution_fields(m: Any) -> dict[str, Any]:
+    """What job and step execution rows share: status, exit status, times, version, context."""
+    return {
+        "status": BatchStatus(m["status"]),
+        "exit_status": ExitStatus(m["exit_code"] or "UNKNOWN", m["exit_message"] or ""),
+        "create_time": m["create_time"],
+        "start_time": m["start_time"],
+        "end_time": m["end_time"],
+        "last_updated": m["last_updated"],
+        "version": int(m["version"]),
+        "execution_context": _context_from_row(m["short_context"], m["serialized_context"]),
+    }
+
+
 def _context_from_row(short: str | None, serialized: str | None) -> ExecutionContext:
     return ExecutionContext.from_json(serialized if serialized is not None else short)
 
@@ -337,16 +351,7 @@ class JobRepository:
                         version=int(m["instance_version"]),
                     ),
                     parameters=JobParameters(params[execution_id]),
-                    status=BatchStatus(m["status"]),
-                    exit_status=ExitStatus(m["exit_code"] or "UNKNOWN", m["exit_message"] or ""),
-                    create_time=m["create_time"],
-                    start_time=m["start_time"],
-                    end_time=m["end_time"],
-                    last_updated=m["last_updated"],
-                    version=int(m["version"]),
-                    execution_context=_context_from_row(
-                        m["short_context"], m["serialized_context"]
-                    ),
+                    **_execution_fields(m),
                 )
             )
         return result
@@ -599,16 +604,7 @@ class JobRepository:
                     id=int(m["step_execution_id"]),
                     step_name=m["step_name"],
                     job_execution=job_execution,
-                    status=BatchStatus(m["status"]),
-                    exit_status=ExitStatus(m["exit_code"] or "UNKNOWN", m["exit_message"] or ""),
-                    create_time=m["create_time"],
-                    start_time=m["start_time"],
-                    end_time=m["end_time"],
-                    last_updated=m["last_updated"],
-                    version=int(m["version"]),
-                    execution_context=_context_from_row(
-                        m["short_context"], m["serialized_context"]
-                    ),
+                    **_execution_fields(m),
                     **{counter: int(m[counter]) for counter in COUNTER_NAMES},
                 )
             )
