@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import date, datetime
 from typing import Any
 
-from sqlalchemy import Engine, func, inspect, select
+from sqlalchemy import Engine, Select, func, inspect, select
 
 from dbcluster.batch.exceptions import NoSuchJobExecutionError
 from dbcluster.batch.status import BatchStatus
@@ -121,15 +121,12 @@ def _partition_counts(engine: Engine, execution_ids: Iterable[int]) -> dict[int,
     return out
 
 
-def _job_rows(engine: Engine, *where: Any, limit: int | None = None) -> list[JobRow]:
-    stmt = (
+def _select_jobs(*columns: Any) -> Select[Any]:
+    """Job executions with their job name and coordination row (master, status), if any."""
+    return (
         select(
-            job_execution.c.job_execution_id,
+            *columns,
             job_instance.c.job_name,
-            job_execution.c.status,
-            job_execution.c.exit_code,
-            job_execution.c.start_time,
-            job_execution.c.end_time,
             job_coordination.c.master_node,
             job_coordination.c.status.label("coordination"),
         )
@@ -137,6 +134,18 @@ def _job_rows(engine: Engine, *where: Any, limit: int | None = None) -> list[Job
         .outerjoin(
             job_coordination,
             job_coordination.c.job_execution_id == job_execution.c.job_execution_id,
+        )
+    )
+
+
+def _job_rows(engine: Engine, *where: Any, limit: int | None = None) -> list[JobRow]:
+    stmt = (
+        _select_jobs(
+            job_execution.c.job_execution_id,
+            job_execution.c.status,
+            job_execution.c.exit_code,
+            job_execution.c.start_time,
+            job_execution.c.end_time,
         )
         .where(*where)
         .order_by(job_execution.c.job_execution_id.desc())
@@ -266,18 +275,7 @@ def job_detail(engine: Engine, execution_id: int) -> JobDetail:
     provider = get_provider(engine)
     with engine.connect() as conn:
         head = conn.execute(
-            select(
-                job_execution,
-                job_instance.c.job_name,
-                job_coordination.c.master_node,
-                job_coordination.c.status.label("coordination"),
-            )
-            .join(job_instance, job_instance.c.job_instance_id == job_execution.c.job_instance_id)
-            .outerjoin(
-                job_coordination,
-                job_coordination.c.job_execution_id == job_execution.c.job_execution_id,
-            )
-            .where(job_execution.c.job_execution_id == execution_id)
+            _select_jobs(job_execution).where(job_execution.c.job_execution_id == execution_id)
         ).first()
         if head is None:
             raise NoSuchJobExecutionError(f"there is no job execution with id {execution_id}")
