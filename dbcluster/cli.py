@@ -15,7 +15,7 @@ import click
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
-from dbcluster.errors import DatabaseUnreachableError, DbclusterError
+from dbcluster.errors import ConfigurationError, DatabaseUnreachableError, DbclusterError
 
 URL_HELP = "SQLAlchemy database URL (or set DBCLUSTER_URL)."
 
@@ -45,23 +45,47 @@ def cli() -> None:
     """Partitioned batch jobs across worker processes, coordinated through SQL."""
 
 
+class ProviderNameOption(click.Option):
+    """An option naming a provider; its help lists every registered one, third parties' too.
+    The list is read when help is shown, so starting the CLI scans no entry points."""
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        from dbcluster.dialects.registry import known_names
+
+        self.help = f"The database's provider: {', '.join(known_names())}."
+        return super().get_help_record(ctx)
+
+
+def _server_version(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        return tuple(int(part) for part in text.split("."))
+    except ValueError:
+        raise ConfigurationError(
+            f"--server-version {text!r} is not a version such as 19 or 11.5"
+        ) from None
+
+
 @cli.command()
-@click.option(
-    "--dialect",
-    "dialect_name",
-    help="postgresql, mysql, mariadb, oracle, mssql, db2 or sqlite.",
-)
+@click.option("--dialect", "dialect_name", cls=ProviderNameOption)
 @url_option(required=False)
-def ddl(dialect_name: str | None, url: str | None) -> None:
+@click.option(
+    "--server-version",
+    help="The oldest server version the DDL must load on, e.g. 19 or 23 for Oracle "
+    "(default: the oldest dbcluster supports; the first line of the output names it).",
+)
+def ddl(dialect_name: str | None, url: str | None, server_version: str | None) -> None:
     """Print the complete DDL for a database (no connection is made)."""
     from dbcluster.dialects import provider_for_name, provider_for_url
 
+    version = _server_version(server_version)
     if dialect_name and url:
         raise click.UsageError("give --dialect or --url, not both")
     if dialect_name:
-        provider = provider_for_name(dialect_name)
+        provider = provider_for_name(dialect_name, version)
     elif url:
-        provider = provider_for_url(url)
+        provider = provider_for_url(url, version)
     else:
         raise click.UsageError("give --dialect NAME or --url URL")
     click.echo(provider.ddl_script(), nl=False)
@@ -70,18 +94,27 @@ def ddl(dialect_name: str | None, url: str | None) -> None:
 @cli.command()
 @url_option()
 def init(url: str) -> None:
-    """Create the dbcluster tables that are missing (safe to run from several processes)."""
+    """Create the dbcluster tables that are missing, and record the schema's version (safe to
+    run from several processes). On an older schema it says to run `dbcluster migrate`."""
+    from dbcluster import migrations
     from dbcluster.dialects import get_provider
 
     engine = open_engine(url)
     try:
-        created = get_provider(engine).create_tables(engine)
+        with engine.connect() as conn:
+            version = migrations.current_version(conn)
+        if version not in (None, migrations.HEAD):
+            migrations.require_current_schema(engine)  # says to migrate or to upgrade
+        created, indexes = get_provider(engine).create_schema(engine)
+        migrations.record_if_unrecorded(engine)  # an init cut short made the tables only
     finally:
         engine.dispose()
     if created:
         click.echo(f"created {len(created)} table(s): {', '.join(created)}")
     else:
         click.echo("all dbcluster tables already exist")
+    if indexes:  # of tables that existed without them (a CREATE INDEX lost to a crash)
+        click.echo(f"created {len(indexes)} missing index(es): {', '.join(indexes)}")
 
 
 APP_HELP = "The application: module:attribute of a JobRegistry (or set DBCLUSTER_APP)."
@@ -97,10 +130,78 @@ def _setup_logging(verbose: bool) -> None:
     )
 
 
-def _settings(concurrency: int | None, node_prefix: str | None) -> Any:
-    from dbcluster.cluster import ClusterSettings
+OTEL_HELP = (
+    "Export OpenTelemetry spans of jobs, steps, partitions and chunks over OTLP/HTTP "
+    "(configured by the OTEL_* variables; needs the otel extra)."
+)
 
-    return ClusterSettings.from_env(concurrency_limit=concurrency, node_id_prefix=node_prefix)
+
+def otel_option() -> Callable[[Any], Any]:
+    return click.option("--otel", is_flag=True, envvar="DBCLUSTER_OTEL", help=OTEL_HELP)
+
+
+def _observe(
+    cluster: Any,
+    *,
+    otel: bool = False,
+    metrics_port: int | None = None,
+    health_port: int | None = None,
+    host: str = "0.0.0.0",
+) -> Callable[[], None]:
+    """Attach what was asked for to the cluster's node before it starts (spans, metrics, probe
+    endpoints); returns what detaches it all. A missing extra or a port in use is the user's
+    to fix: one line, exit status 2."""
+    stops: list[Callable[[], None]] = []
+    node = cluster.node
+    try:
+        if otel:
+            from dbcluster.tracing import Tracing, configure_otlp
+
+            provider = configure_otlp()
+            stops += [provider.shutdown, Tracing(node).start().stop]
+        routes: dict[int, dict[str, Any]] = {}
+        if metrics_port is not None:
+            from dbcluster.metrics import NodeMetrics
+
+            metrics = NodeMetrics()
+            node.events.subscribe(metrics)
+            routes.setdefault(metrics_port, {})["/metrics"] = lambda: (200, *metrics.exposition())
+        if health_port is not None:
+            from dbcluster.cluster.health import probe_routes
+
+            routes.setdefault(health_port, {}).update(probe_routes(node))
+    except ImportError as missing:
+        raise ConfigurationError(str(missing)) from None
+    from dbcluster.cluster.health import EndpointServer
+
+    for port, served in routes.items():
+        try:
+            server = EndpointServer(host, port, served).start()
+        except OSError as exc:
+            for stop in reversed(stops):
+                stop()
+            raise ConfigurationError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+        stops.append(server.stop)
+        click.echo(f"serving {', '.join(sorted(served))} on http://{host}:{server.port}", err=True)
+
+    def stop_all() -> None:
+        for stop in reversed(stops):
+            stop()
+
+    return stop_all
+
+
+def _settings(
+    concurrency: int | None, node_prefix: str | None, prune_after: str | None = None
+) -> Any:
+    from dbcluster.cluster import ClusterSettings
+    from dbcluster.cluster.settings import parse_age
+
+    return ClusterSettings.from_env(
+        concurrency_limit=concurrency,
+        node_id_prefix=node_prefix,
+        prune_after=None if prune_after is None else parse_age(prune_after),
+    )
 
 
 @cli.command()
@@ -108,9 +209,48 @@ def _settings(concurrency: int | None, node_prefix: str | None) -> Any:
 @click.option("--app", envvar="DBCLUSTER_APP", required=True, help=APP_HELP)
 @click.option("--concurrency", type=click.IntRange(min=1), help="Partitions run at once.")
 @click.option("--node-prefix", help="Node id prefix (default: the host name).")
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(min=0, max=65535),
+    help="Serve Prometheus metrics on /metrics at this port (0: any free one; needs the "
+    "metrics extra).",
+)
+@click.option(
+    "--health-port",
+    type=click.IntRange(min=0, max=65535),
+    help="Serve /healthz and /readyz probes at this port (may be the metrics port).",
+)
+@click.option(
+    "--endpoints-host",
+    default="0.0.0.0",
+    show_default=True,
+    help="The address the metrics and probe endpoints listen on.",
+)
+@click.option(
+    "--accept-launches",
+    is_flag=True,
+    envvar="DBCLUSTER_ACCEPT_LAUNCHES",
+    help="Claim submitted launch requests and be their jobs' master; fire the app's schedules.",
+)
+@click.option(
+    "--prune-after",
+    help="Prune finished executions that ended longer ago than this (30d, 12h), one node of "
+    "the cluster at a time (or set DBCLUSTER_PRUNE_AFTER).",
+)
+@otel_option()
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 def worker(
-    url: str, app: str, concurrency: int | None, node_prefix: str | None, verbose: bool
+    url: str,
+    app: str,
+    concurrency: int | None,
+    node_prefix: str | None,
+    metrics_port: int | None,
+    health_port: int | None,
+    endpoints_host: str,
+    accept_launches: bool,
+    prune_after: str | None,
+    otel: bool,
+    verbose: bool,
 ) -> None:
     """Run a node until SIGTERM or SIGINT, then stop gracefully (a second signal: stop now)."""
     import signal
@@ -121,9 +261,9 @@ def worker(
 
     _setup_logging(verbose)
     registry = load_registry(app)
-    settings = _settings(concurrency, node_prefix)
+    settings = _settings(concurrency, node_prefix, prune_after)
     engine = open_checked_engine(url)
-    cluster = Cluster(engine, registry, settings)
+    cluster = Cluster(engine, registry, settings, accept_launches=accept_launches)
     stop = threading.Event()
     signals: list[int] = []
 
@@ -137,11 +277,19 @@ def worker(
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    detach = _observe(
+        cluster,
+        otel=otel,
+        metrics_port=metrics_port,
+        health_port=health_port,
+        host=endpoints_host,
+    )
     cluster.start()
     click.echo(f"node {cluster.node.node_id} running; SIGTERM or Ctrl-C to stop", err=True)
     while not stop.wait(0.5):
         pass
     cluster.stop()
+    detach()
     engine.dispose()
 
 
@@ -164,23 +312,43 @@ def worker(
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress display, only warnings.")
+@otel_option()
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
+@click.option(
+    "--next",
+    "next_run",
+    is_flag=True,
+    help="Start the job's next run: its incrementer applied to its last run's parameters "
+    "(PARAMS given here override them).",
+)
+@click.option(
+    "--on-interrupt",
+    type=click.Choice(["ask", "stop", "detach"]),
+    help="What Ctrl-C does: stop the job on every node (it ends STOPPED), detach (leave it to "
+    "the cluster: a live node takes it over), or ask (default on a terminal; stop otherwise).",
+)
 @click.option("--detached-child", is_flag=True, hidden=True)
 def launch(
     url: str,
     app: str,
     job: str,
     params: tuple[str, ...],
+    next_run: bool,
     no_work: bool,
     concurrency: int | None,
     detach: bool,
     log_file: str | None,
     as_json: bool,
     quiet: bool,
+    otel: bool,
     verbose: bool,
+    on_interrupt: str | None,
     detached_child: bool,
 ) -> None:
     """Launch JOB with [-]name[(type)]=value parameters, with this process as its master.
+
+    With --next, the parameters are the job's next run's (a job built with
+    incrementer=RunIdIncrementer() gets run.id one higher than its last run), PARAMS on top.
 
     Shows a progress bar of partitions done / total (per node) on stderr while it waits, then a
     summary. Exit status 0 when the job COMPLETED, 1 when it FAILED, 2 for usage errors.
@@ -191,15 +359,23 @@ def launch(
     not stop it) runs the job; this command prints the new execution id and returns. Watch it
     with `dbcluster job ID`; the background process logs to --log-file.
     """
-    from dbcluster.batch import JobParameters, load_registry
+    from dbcluster.batch import JobLauncher, JobParameters, JobRepository, load_registry
 
     registry = load_registry(app)
     job_def = registry.get_job(job)
     parameters = JobParameters.parse(params)
     engine = open_checked_engine(url)
+    try:
+        if next_run:
+            parameters = JobLauncher(JobRepository(engine)).next_parameters(job_def, parameters)
+            params = tuple(parameters.to_strings())  # what a detached master is given
+        job_def.validate_parameters(parameters)
+    except BaseException:
+        engine.dispose()
+        raise
     if detach and not detached_child:
         engine.dispose()
-        _detach(url, app, job, params, no_work, concurrency, log_file, as_json, verbose)
+        _detach(url, app, job, params, no_work, concurrency, log_file, as_json, verbose, otel)
         return
 
     def start(cluster: Any) -> Any:
@@ -208,27 +384,43 @@ def launch(
             _report_to_parent(execution.id)
         # Cluster.launch() is create_execution() then run_execution(); split so a detached master
         # can report the execution id before it runs the job.
-        return cluster.run_execution(job_def, execution)
+        with interrupts(cluster, execution.id, "stop" if detached_child else on_interrupt):
+            return cluster.run_execution(job_def, execution)
 
-    _run_as_master(
-        engine,
-        registry,
-        start,
-        no_work,
-        concurrency,
-        as_json,
-        quiet,
-        verbose,
-        summary_to_stderr=detached_child,
-    )
+    from dbcluster.cluster.stop_command import Detached, interrupts
+
+    try:
+        _run_as_master(
+            engine,
+            registry,
+            start,
+            no_work,
+            concurrency,
+            as_json,
+            quiet,
+            verbose,
+            summary_to_stderr=detached_child,
+            otel=otel,
+        )
+    except Detached as detached:
+        # This node has left the cluster: a live node takes the job over.
+        click.echo(
+            f"detached: execution {detached.execution_id} is left to the cluster (a live node "
+            f"takes it over; watch it with `dbcluster job {detached.execution_id}`)",
+            err=True,
+        )
+        sys.exit(130)
 
 
 def open_checked_engine(url: str) -> Engine:
-    """:func:`open_engine`, then fail with "run dbcluster init" when tables are missing."""
+    """:func:`open_engine`, then fail with "run dbcluster init" when tables are missing, or
+    "run dbcluster migrate" when they are of an older schema."""
+    from dbcluster.migrations import require_current_schema
     from dbcluster.monitor import require_schema
 
     engine = open_engine(url)
     try:
+        require_current_schema(engine)
         require_schema(engine)
     except BaseException:
         engine.dispose()
@@ -240,9 +432,17 @@ def _report_to_parent(execution_id: int) -> None:
     """A detached master tells ``launch --detach`` its execution id on stdout, then lets go of
     the pipe (later output would have no reader)."""
     import json
+    import logging
 
-    sys.stdout.write(json.dumps({"job_execution_id": execution_id}) + "\n")
-    sys.stdout.flush()
+    try:
+        sys.stdout.write(json.dumps({"job_execution_id": execution_id}) + "\n")
+        sys.stdout.flush()
+    except OSError as exc:  # the parent is gone (BrokenPipeError): the master carries on
+        logging.getLogger("dbcluster.cluster").warning(
+            "could not report execution %s to the launching process (%s); running it anyway",
+            execution_id,
+            exc,
+        )
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
     os.close(devnull)
@@ -258,6 +458,7 @@ def _detach(
     log_file: str | None,
     as_json: bool,
     verbose: bool,
+    otel: bool = False,
 ) -> None:
     import json
     import subprocess
@@ -275,6 +476,7 @@ def _detach(
     args += ["--no-work"] if no_work else []
     args += ["--concurrency", str(concurrency)] if concurrency else []
     args += ["-v"] if verbose else []
+    args += ["--otel"] if otel else []
     args += ["--", job, *params]
     # The URL travels in the environment, never on a command line other users can read.
     env = {**os.environ, "DBCLUSTER_URL": url}
@@ -354,6 +556,7 @@ def _run_as_master(
     verbose: bool,
     *,
     summary_to_stderr: bool = False,
+    otel: bool = False,
 ) -> None:
     """Join as a node, run ``start(cluster)`` (which creates and runs a job execution) with a
     progress display, print the outcome and exit 0 (COMPLETED) or 1. A detached master prints
@@ -370,10 +573,14 @@ def _run_as_master(
 
     err = Console(stderr=True, highlight=False)
     _master_logging(verbose, quiet, err)
-    cluster = Cluster(engine, registry, _settings(concurrency, None), work=not no_work)
+    # A launching process ends with its own job: it takes no other job over.
+    cluster = Cluster(
+        engine, registry, _settings(concurrency, None), work=not no_work, take_over=False
+    )
     progress = LaunchProgress(engine, err)
     if not quiet:
         cluster.handler.progress = progress
+    detach = _observe(cluster, otel=otel)
     began = time.monotonic()
     try:
         with cluster, progress:
@@ -381,6 +588,7 @@ def _run_as_master(
         elapsed = time.monotonic() - began
         detail = job_detail(engine, execution.id)
     finally:
+        detach()
         engine.dispose()
     outcome = {
         "job_execution_id": execution.id,
@@ -407,6 +615,7 @@ def _run_as_master(
 @click.option("--concurrency", type=click.IntRange(min=1), help="Partitions run at once here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress display, only warnings.")
+@otel_option()
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 def restart(
     url: str,
@@ -416,6 +625,7 @@ def restart(
     concurrency: int | None,
     as_json: bool,
     quiet: bool,
+    otel: bool,
     verbose: bool,
 ) -> None:
     """Restart a FAILED, STOPPED or ABANDONED job execution, with this process as its master.
@@ -440,7 +650,8 @@ def restart(
         if old.status.is_running:
             raise JobRestartError(
                 f"execution {execution_id} of job {old.job_name!r} is still {old.status.value}; "
-                f"if its master is gone, a live node abandons it (then restart it)"
+                f"if its master is gone, a live node takes it over (or, under master_failover="
+                f"abandon, fails it; then restart it)"
             )
         registry.get_job(old.job_name)
     except BaseException:
@@ -455,6 +666,7 @@ def restart(
         as_json,
         quiet,
         verbose,
+        otel=otel,
     )
 
 
@@ -564,6 +776,85 @@ def _as_json(value: Any) -> dict[str, Any]:
 
 
 @cli.command()
+@url_option()
+@click.option("--host", default="127.0.0.1", show_default=True, help="The address to listen on.")
+@click.option(
+    "--port",
+    type=click.IntRange(min=0, max=65535),
+    default=8080,
+    show_default=True,
+    help="The port to listen on (0: any free one).",
+)
+@click.option(
+    "--token",
+    envvar="DBCLUSTER_WEB_TOKEN",
+    help="Enable actions (restart) for whoever gives this token (better: set "
+    "DBCLUSTER_WEB_TOKEN). Without it the dashboard is read-only.",
+)
+@click.option(
+    "--app",
+    envvar="DBCLUSTER_APP",
+    help="With --token: the application whose jobs a restart runs (module:attribute).",
+)
+@click.option(
+    "--refresh",
+    type=click.FloatRange(min=0.5),
+    default=2.0,
+    show_default=True,
+    help="Seconds between live updates of an open page.",
+)
+@click.option("-v", "--verbose", is_flag=True, help="Log every request.")
+def web(
+    url: str,
+    host: str,
+    port: int,
+    token: str | None,
+    app: str | None,
+    refresh: float,
+    verbose: bool,
+) -> None:
+    """Serve the dashboard: nodes, jobs, each job's partitions by node and their timeline, live;
+    /metrics with the cluster's gauges. Read-only unless started with a token."""
+    import socket
+
+    try:
+        import uvicorn
+
+        from dbcluster.web import create_app
+        from dbcluster.web.actions import Restarter
+    except ImportError as missing:
+        raise ConfigurationError(
+            f"the dashboard needs its extra ({missing}): pip install 'dbcluster[web]'"
+        ) from None
+    if token and not app:
+        raise click.UsageError("--token enables restarts, which need --app (or DBCLUSTER_APP)")
+    if app and token:
+        from dbcluster.batch import load_registry
+
+        load_registry(app)  # a wrong --app fails here, not at the first restart
+    engine = open_checked_engine(url)
+    restarter = Restarter(url, app) if token and app else None
+    application = create_app(engine, token=token, restarter=restarter, refresh_s=refresh)
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        engine.dispose()
+        raise ConfigurationError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    bound = sock.getsockname()[1]
+    mode = "actions with the token" if token else "read-only"
+    click.echo(f"dashboard on http://{host}:{bound}/ ({mode})", err=True)
+    config = uvicorn.Config(
+        application, log_level="info" if verbose else "warning", access_log=verbose
+    )
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        engine.dispose()
+
+
+@cli.command()
 @click.option(
     "--nodes",
     type=click.IntRange(min=2, max=16),
@@ -589,10 +880,19 @@ def demo(nodes: int, url: str | None, verbose: bool) -> None:
 def _add_commands() -> None:
     """Commands that live beside the code they drive."""
     from dbcluster.bench.command import bench
+    from dbcluster.cluster.launch_commands import schedules, submit
+    from dbcluster.cluster.maintenance.prune_command import prune
+    from dbcluster.cluster.stop_command import stop
+    from dbcluster.migrations.command import migrate
     from dbcluster.testing.chaos import chaos
 
     cli.add_command(bench)
     cli.add_command(chaos)
+    cli.add_command(stop)
+    cli.add_command(submit)
+    cli.add_command(schedules)
+    cli.add_command(prune)
+    cli.add_command(migrate)
 
 
 _add_commands()

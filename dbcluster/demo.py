@@ -117,7 +117,7 @@ class ReceiptRangePartitioner(IntegerRangePartitioner):
 def reconcile_slice(ctx: ChunkContext) -> RepeatStatus:
     """One page of the slice per call: add it to the committed running count and sum; at the end
     write the slice's result row (in the same transaction as the step's final commit)."""
-    from dbcluster.cluster.node import current_attempt, current_node_id
+    from dbcluster.cluster.executor import current_attempt, current_node_id
 
     step_ctx = ctx.step_context
     lo, hi = int(step_ctx["lo"]), int(step_ctx["hi"])
@@ -313,6 +313,7 @@ def _run(
 ) -> int:
     from dbcluster.cli import open_engine
     from dbcluster.cluster import Cluster, ClusterSettings
+    from dbcluster.cluster.events import ClusterEvents
     from dbcluster.dialects import get_provider, safe_url
     from dbcluster.views import short_node
 
@@ -354,9 +355,12 @@ def _run(
         cluster = Cluster(url, registry, settings, work=False)
         cluster.start()
         placed: dict[str, Any] = {}
-        cluster.node.listeners.append(
-            lambda event, details: placed.update(details) if event == "placed" else None
-        )
+
+        class OnPlaced(ClusterEvents):
+            def placed(self, master: str, job_execution_id: int, step_id: int, _: Any) -> None:
+                placed["master"] = step_id
+
+        cluster.node.events.subscribe(OnPlaced())
         outcome: dict[str, Any] = {}
 
         def master() -> None:

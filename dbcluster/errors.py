@@ -25,3 +25,7 @@ class SchemaMissingError(DbclusterError):
 
 class DatabaseUnreachableError(DbclusterError):
     """The database did not answer."""
+
+
+class SchemaVersionError(DbclusterError):
+    """The dbcluster tables are of another schema version than this dbcluster's."""

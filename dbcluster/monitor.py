@@ -12,18 +12,21 @@ from dataclasses import asdict, dataclass, field
 from datetime import date, datetime
 from typing import Any
 
-from sqlalchemy import Engine, Select, func, inspect, select
+from sqlalchemy import Engine, Select, func, inspect, select, union
 
 from dbcluster.batch.exceptions import NoSuchJobExecutionError
 from dbcluster.batch.status import BatchStatus
 from dbcluster.dialects import get_provider, safe_url
 from dbcluster.errors import SchemaMissingError
+from dbcluster.inlists import in_batches
 from dbcluster.schema import (
     ALL_TABLES,
     job_coordination,
     job_execution,
     job_execution_params,
     job_instance,
+    job_masters,
+    nodes,
     partitions,
     step_execution,
 )
@@ -108,16 +111,15 @@ class ClusterStatus:
 def _partition_counts(engine: Engine, execution_ids: Iterable[int]) -> dict[int, dict[str, int]]:
     ids = list(execution_ids)
     out: dict[int, dict[str, int]] = {i: {} for i in ids}
-    if not ids:
-        return out
-    stmt = (
-        select(partitions.c.job_execution_id, partitions.c.status, func.count().label("n"))
-        .where(partitions.c.job_execution_id.in_(ids))
-        .group_by(partitions.c.job_execution_id, partitions.c.status)
-    )
     with engine.connect() as conn:
-        for job_id, status, n in conn.execute(stmt):
-            out.setdefault(int(job_id), {})[status] = int(n)
+        for batch in in_batches(ids):
+            stmt = (
+                select(partitions.c.job_execution_id, partitions.c.status, func.count().label("n"))
+                .where(partitions.c.job_execution_id.in_(batch))
+                .group_by(partitions.c.job_execution_id, partitions.c.status)
+            )
+            for job_id, status, n in conn.execute(stmt):
+                out.setdefault(int(job_id), {})[status] = int(n)
     return out
 
 
@@ -192,12 +194,22 @@ def cluster_status(engine: Engine) -> ClusterStatus:
         )
         for r in node_rows
     ]
-    jobs = _job_rows(
-        engine,
-        job_execution.c.status.in_(RUNNING_STATUSES)
-        | job_coordination.c.status.in_(COORD_IN_FLIGHT),
+    # Two index lookups (the executions' status, the coordination rows' status) rather than one
+    # OR across the join, which would read every execution ever run.
+    in_flight = union(
+        select(job_execution.c.job_execution_id).where(
+            job_execution.c.status.in_(RUNNING_STATUSES)
+        ),
+        select(job_coordination.c.job_execution_id).where(
+            job_coordination.c.status.in_(COORD_IN_FLIGHT)
+        ),
     )
-    jobs.reverse()
+    with engine.connect() as conn:
+        ids = [int(r[0]) for r in conn.execute(in_flight)]
+    jobs = []
+    for batch in in_batches(ids):
+        jobs += _job_rows(engine, job_execution.c.job_execution_id.in_(batch))
+    jobs.sort(key=lambda j: j.job_execution_id)
     return ClusterStatus(db_now, nodes, jobs)
 
 
@@ -220,6 +232,10 @@ class PartitionRow:
     transferable: bool
     last_updated: datetime | None
     age_ms: int | None
+    #: Its step execution's: when it first started, when it ended, the first line of its exit.
+    start_time: datetime | None = None
+    end_time: datetime | None = None
+    exit_message: str | None = None
 
 
 @dataclass
@@ -254,13 +270,29 @@ class JobDetail:
     db_now: datetime | None
     partitions: list[PartitionRow]
     steps: list[StepRow]
+    #: The execution's masters, first to current: who, under which epoch, since when, why.
+    masters: list[MasterRow] = field(default_factory=list)
+    #: With a partition limit: every partition's count by status (``partitions`` holds at most
+    #: the limit), and how many there are in all.
+    counts: dict[str, int] | None = None
+    partitions_total: int | None = None
 
     @property
     def partition_counts(self) -> dict[str, int]:
+        if self.counts is not None:
+            return dict(self.counts)
         out: dict[str, int] = {}
         for p in self.partitions:
             out[p.status] = out.get(p.status, 0) + 1
         return out
+
+
+@dataclass
+class MasterRow:
+    node: str
+    epoch: int
+    reason: str
+    since: datetime | None
 
 
 def _first_line(text: str | None) -> str | None:
@@ -271,7 +303,11 @@ def _first_line(text: str | None) -> str | None:
     return lines[-1].strip() if lines and lines[0].startswith("Traceback") else lines[0].strip()
 
 
-def job_detail(engine: Engine, execution_id: int) -> JobDetail:
+def job_detail(engine: Engine, execution_id: int, partition_limit: int | None = None) -> JobDetail:
+    """One job execution, its partitions, steps and masters. With ``partition_limit`` (a
+    dashboard), at most that many partitions (by name) are read, with their counts by status
+    from the index, and the steps are the job's own (not one per partition): the result stays
+    small however large the job."""
     provider = get_provider(engine)
     with engine.connect() as conn:
         head = conn.execute(
@@ -284,16 +320,47 @@ def job_detail(engine: Engine, execution_id: int) -> JobDetail:
             .where(job_execution_params.c.job_execution_id == execution_id)
             .order_by(job_execution_params.c.parameter_name)
         ).all()
-        part_rows = conn.execute(
-            select(partitions, provider.now().label("db_now"))
+        part_stmt = (
+            select(
+                partitions,
+                step_execution.c.start_time,
+                step_execution.c.end_time,
+                step_execution.c.exit_message,
+                provider.now().label("db_now"),
+            )
+            .join(
+                step_execution,
+                step_execution.c.step_execution_id == partitions.c.step_execution_id,
+            )
             .where(partitions.c.job_execution_id == execution_id)
             .order_by(partitions.c.partition_name, partitions.c.step_execution_id)
-        ).all()
-        db_now = part_rows[0].db_now if part_rows else conn.execute(provider.select_now()).scalar()
-        step_rows = conn.execute(
+        )
+        step_stmt = (
             select(step_execution)
             .where(step_execution.c.job_execution_id == execution_id)
             .order_by(step_execution.c.step_execution_id)
+        )
+        counts = None
+        if partition_limit is not None:
+            part_stmt = part_stmt.limit(partition_limit)
+            step_stmt = step_stmt.where(~step_execution.c.step_name.contains(":")).limit(
+                partition_limit
+            )
+            counts = {
+                status: int(n)
+                for status, n in conn.execute(
+                    select(partitions.c.status, func.count())
+                    .where(partitions.c.job_execution_id == execution_id)
+                    .group_by(partitions.c.status)
+                )
+            }
+        part_rows = conn.execute(part_stmt).all()
+        db_now = part_rows[0].db_now if part_rows else conn.execute(provider.select_now()).scalar()
+        step_rows = conn.execute(step_stmt).all()
+        master_rows = conn.execute(
+            select(job_masters)
+            .where(job_masters.c.job_execution_id == execution_id)
+            .order_by(job_masters.c.master_epoch)
         ).all()
     m = head._mapping
     return JobDetail(
@@ -324,6 +391,9 @@ def job_detail(engine: Engine, execution_id: int) -> JobDetail:
                 transferable=bool(r.transferable),
                 last_updated=r.last_updated,
                 age_ms=_age_ms(r.db_now, r.last_updated),
+                start_time=r.start_time,
+                end_time=r.end_time,
+                exit_message=_first_line(r.exit_message),
             )
             for r in part_rows
         ],
@@ -343,6 +413,12 @@ def job_detail(engine: Engine, execution_id: int) -> JobDetail:
             )
             for r in step_rows
         ],
+        masters=[
+            MasterRow(node=r.master_node, epoch=int(r.master_epoch), reason=r.reason, since=r.since)
+            for r in master_rows
+        ],
+        counts=counts,
+        partitions_total=None if counts is None else sum(counts.values()),
     )
 
 
@@ -368,3 +444,173 @@ def reassigned_count(engine: Engine, job_execution_id: int) -> int:
     )
     with engine.connect() as conn:
         return int(conn.execute(stmt).scalar_one())
+
+
+# --- the dashboard's bounded reads --------------------------------------------------------------
+
+
+@dataclass
+class JobPage:
+    """One page of job executions, newest first; ``older`` is the ``before`` of the next page
+    (None on the last one)."""
+
+    rows: list[JobRow]
+    older: int | None
+
+
+def job_page(
+    engine: Engine,
+    *,
+    limit: int = 50,
+    job_name: str | None = None,
+    status: str | None = None,
+    before: int | None = None,
+) -> JobPage:
+    """Job executions newest first, filtered by job name and status, a page at a time. Pages are
+    keyed by execution id (``before``), never by offset, so the hundredth page costs what the
+    first does."""
+    where: list[Any] = []
+    if status:
+        where.append(job_execution.c.status == status)
+    if before is not None:
+        where.append(job_execution.c.job_execution_id < before)
+    if not job_name:
+        rows = _job_rows(engine, *where, limit=limit + 1)
+    else:
+        rows = _named_rows(engine, job_name, where, limit + 1, before)
+    older = rows[limit - 1].job_execution_id if len(rows) > limit else None
+    return JobPage(rows[:limit], older)
+
+
+def _named_rows(
+    engine: Engine, job_name: str, where: list[Any], wanted: int, before: int | None
+) -> list[JobRow]:
+    """The newest ``wanted`` executions of one job, read in windows of execution ids that grow
+    fourfold, newest first. Asked for at once, some databases (MariaDB, SQLite) read every
+    execution of that job by its name and sort them; a window is read along the primary key,
+    and a job that runs often fills the page from the first one."""
+    with engine.connect() as conn:
+        top = conn.execute(select(func.max(job_execution.c.job_execution_id))).scalar()
+        low = conn.execute(select(func.min(job_execution.c.job_execution_id))).scalar()
+    if top is None or low is None:
+        return []
+    high = min(int(top) + 1, before) if before is not None else int(top) + 1
+    rows: list[JobRow] = []
+    window = 4 * wanted
+    while high > int(low) and len(rows) < wanted:
+        rows += _job_rows(
+            engine,
+            *where,
+            job_instance.c.job_name == job_name,
+            job_execution.c.job_execution_id < high,
+            job_execution.c.job_execution_id >= high - window,
+            limit=wanted - len(rows),
+        )
+        high -= window
+        window *= 4
+    return rows
+
+
+@dataclass
+class ClusterGauges:
+    """What the whole cluster looks like now, from the database clock."""
+
+    nodes: dict[str, int]
+    oldest_heartbeat_age_s: float | None
+    partitions: dict[str, int]
+    oldest_claimed_age_s: float | None
+    jobs_in_flight: int
+    load: int
+    capacity: int
+
+
+def cluster_gauges(engine: Engine) -> ClusterGauges:
+    """Bounded reads: the node registry (one row per node), the running job executions (by
+    their status index) and their partitions (by their job's index), never all history.
+    Partitions count those of running executions only."""
+    provider = get_provider(engine)
+    running = job_execution.c.status.in_(RUNNING_STATUSES)
+    with engine.connect() as conn:
+        node_rows = conn.execute(provider.select_nodes_with_age()).all()
+        jobs = int(
+            conn.execute(
+                select(func.count()).select_from(job_execution).where(running)
+            ).scalar_one()
+        )
+        part_rows = conn.execute(
+            select(
+                partitions.c.status,
+                func.count().label("n"),
+                func.min(partitions.c.last_updated).label("oldest"),
+                provider.now().label("db_now"),
+            )
+            .join(job_execution, job_execution.c.job_execution_id == partitions.c.job_execution_id)
+            .where(running)
+            .group_by(partitions.c.status)
+        ).all()
+    by_status: dict[str, int] = {}
+    for r in node_rows:
+        by_status[r.status] = by_status.get(r.status, 0) + 1
+    ages = [a for r in node_rows if (a := _age_ms(r.db_now, r.last_heartbeat)) is not None]
+    claimed = [_age_ms(r.db_now, r.oldest) for r in part_rows if r.status == "CLAIMED"]
+    oldest_claimed = claimed[0] if claimed else None
+    return ClusterGauges(
+        nodes=by_status,
+        oldest_heartbeat_age_s=max(ages) / 1000 if ages else None,
+        partitions={r.status: int(r.n) for r in part_rows},
+        oldest_claimed_age_s=None if oldest_claimed is None else oldest_claimed / 1000,
+        jobs_in_flight=jobs,
+        load=sum(int(r.current_load) for r in node_rows),
+        capacity=sum(int(r.capacity) for r in node_rows),
+    )
+
+
+@dataclass
+class PartitionSample:
+    step_execution_id: int
+    job_execution_id: int
+    node: str | None
+    attempt: int
+    status: str
+
+
+def partitions_in_flight(
+    engine: Engine, limit: int = 10_000
+) -> tuple[datetime | None, list[PartitionSample]]:
+    """The database clock and the PENDING and CLAIMED partitions of running job executions (at
+    most ``limit``), found through the running executions' status index."""
+    provider = get_provider(engine)
+    stmt = (
+        select(
+            partitions.c.step_execution_id,
+            partitions.c.job_execution_id,
+            partitions.c.assigned_node,
+            partitions.c.attempt,
+            partitions.c.status,
+        )
+        .join(job_execution, job_execution.c.job_execution_id == partitions.c.job_execution_id)
+        .where(
+            job_execution.c.status.in_(RUNNING_STATUSES),
+            partitions.c.status.in_(["PENDING", "CLAIMED"]),
+        )
+        .limit(limit)
+    )
+    with engine.connect() as conn:
+        now = conn.execute(provider.select_now()).scalar()
+        rows = conn.execute(stmt).all()
+    return now, [
+        PartitionSample(
+            int(r.step_execution_id),
+            int(r.job_execution_id),
+            r.assigned_node,
+            int(r.attempt),
+            r.status,
+        )
+        for r in rows
+    ]
+
+
+def registered_nodes(engine: Engine) -> set[str]:
+    """The ids of the nodes in the registry now (one row per node: a small read)."""
+    with engine.connect() as conn:
+        return {r.node_id for r in conn.execute(select(nodes.c.node_id))}

@@ -2,8 +2,9 @@
 
 The job repository keeps Spring Batch's shape (lower-case names); three coordination tables sit
 beside it. Column types that the generic SQLAlchemy types express badly on some database (a
-timestamp with sub-second precision, a large text) are :class:`TypeDecorator`s that ask the
-dialect's query provider for the concrete type, so this module never names a database.
+timestamp with sub-second precision, a large text, bounded text that must compare exactly and
+fit by the database's own measure, a flag) are :class:`TypeDecorator`s that ask the dialect's query
+provider for the concrete type, so this module never names a database.
 
 All timestamps are naive UTC. Names stay under 30 characters so that every Oracle version accepts
 them.
@@ -11,7 +12,9 @@ them.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
     BigInteger,
@@ -28,9 +31,14 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    event,
 )
-from sqlalchemy.engine import Dialect
+from sqlalchemy.engine import Connection, Dialect
+from sqlalchemy.engine.default import DefaultDialect, StrCompileDialect
 from sqlalchemy.types import TypeDecorator, TypeEngine
+
+if TYPE_CHECKING:
+    from dbcluster.dialects.base import QueryProvider
 
 #: One width for every column that holds a node id (the reference's narrower assigned-node column
 #: was a defect).
@@ -39,6 +47,7 @@ NAME_LENGTH = 100
 STATUS_LENGTH = 20
 EXIT_LENGTH = 2500
 SHORT_CONTEXT_LENGTH = 2500
+TRACE_CONTEXT_LENGTH = 100
 
 metadata = MetaData()
 
@@ -52,14 +61,21 @@ _TABLE_OPTIONS: dict[str, str] = {
 }
 
 
-def _provider_type(dialect: Dialect, kind: str) -> TypeEngine[Any] | None:
-    # Imported lazily: the registry imports this module for its metadata.
-    from dbcluster.dialects.registry import provider_class_for_dialect_name
-
-    provider_class = provider_class_for_dialect_name(dialect.name, missing_ok=True)
-    if provider_class is None:
+def _provider_class(dialect: Dialect) -> type[QueryProvider] | None:
+    """The dialect's provider (the registry's one answer); a dialect no provider serves is an
+    error, never a silent fall back to the generic types. SQLAlchemy's own dialect
+    (``str(statement)``) is no database: None, and the generic types."""
+    if type(dialect) in (DefaultDialect, StrCompileDialect):
         return None
-    return provider_class.column_type(kind)
+    # Imported lazily: the registry imports this module for its metadata.
+    from dbcluster.dialects.registry import provider_class_for_dialect
+
+    return provider_class_for_dialect(dialect)
+
+
+def _provider_type(dialect: Dialect, kind: str) -> TypeEngine[Any] | None:
+    provider_class = _provider_class(dialect)
+    return None if provider_class is None else provider_class.column_type(kind)
 
 
 class Timestamp(TypeDecorator[Any]):
@@ -95,6 +111,62 @@ class Id(TypeDecorator[int]):
         return dialect.type_descriptor(concrete if concrete is not None else BigInteger())
 
 
+class ShortText(TypeDecorator[str]):
+    """Bounded text (names, keys, statuses, messages), Unicode on every database (``NVARCHAR``
+    where ``VARCHAR`` is not), compared exactly: case- and accent-sensitively, so 'Job' and
+    'job' are two job names and two node ids everywhere.
+
+    With ``clip=True`` a longer value is cut, ending in "...", to what the column holds on this
+    database, measured as the database measures it (Oracle caps ``VARCHAR2(n CHAR)`` at 4,000
+    bytes, Db2 counts bytes, SQL Server UTF-16 units), instead of failing the write.
+    """
+
+    impl = String
+    cache_ok = True
+
+    def __init__(self, length: int, *, clip: bool = False) -> None:
+        super().__init__(length)
+        self.clip = clip
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        provider_class = _provider_class(dialect)
+        concrete = provider_class.text_type(self.length) if provider_class else None
+        return dialect.type_descriptor(concrete if concrete is not None else self.impl)
+
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> str | None:
+        if not self.clip or value is None:
+            return value
+        provider_class = _provider_class(dialect)
+        if provider_class is None:
+            return value if len(value) <= self.length else value[: self.length - 3] + "..."
+        return provider_class.clip_text(value, self.length)
+
+
+class Flag(TypeDecorator[bool]):
+    """A boolean. Stored as the provider's ``flag`` type where it names one (Oracle: SMALLINT
+    on every version, so the schema is the same before and after 23ai's native BOOLEAN), as
+    0 and 1. Compare it with ``== True``, which binds the value the column takes on every
+    database; ``.is_(True)`` binds it too, and ``IS <parameter>`` is no SQL anywhere."""
+
+    impl = Boolean
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        concrete = _provider_type(dialect, "flag")
+        # Not adapted to the dialect's own integer type, which would render another name.
+        return concrete if concrete is not None else dialect.type_descriptor(self.impl)
+
+    def bind_processor(self, dialect: Dialect) -> Callable[[Any], Any] | None:
+        if _provider_type(dialect, "flag") is None:
+            return super().bind_processor(dialect)
+        return lambda value: None if value is None else int(bool(value))
+
+    def result_processor(self, dialect: Dialect, coltype: Any) -> Callable[[Any], Any] | None:
+        if _provider_type(dialect, "flag") is None:
+            return super().result_processor(dialect, coltype)
+        return lambda value: None if value is None else bool(value)
+
+
 def _id(name: str) -> Column[int]:
     return Column(name, Id, Identity(start=1), primary_key=True, nullable=False)
 
@@ -106,8 +178,8 @@ job_instance = Table(
     metadata,
     _id("job_instance_id"),
     Column("version", BigInteger, nullable=False, default=0),
-    Column("job_name", String(NAME_LENGTH), nullable=False),
-    Column("job_key", String(64), nullable=False),
+    Column("job_name", ShortText(NAME_LENGTH), nullable=False),
+    Column("job_key", ShortText(64), nullable=False),
     UniqueConstraint("job_name", "job_key", name="uq_job_inst_name_key"),
     **_TABLE_OPTIONS,
 )
@@ -126,12 +198,14 @@ job_execution = Table(
     Column("create_time", Timestamp, nullable=False),
     Column("start_time", Timestamp),
     Column("end_time", Timestamp),
-    Column("status", String(STATUS_LENGTH), nullable=False),
-    Column("exit_code", String(EXIT_LENGTH)),
-    Column("exit_message", String(EXIT_LENGTH)),
+    Column("status", ShortText(STATUS_LENGTH), nullable=False),
+    Column("exit_code", ShortText(EXIT_LENGTH, clip=True)),
+    Column("exit_message", ShortText(EXIT_LENGTH, clip=True)),
     Column("last_updated", Timestamp),
     Index("ix_job_exec_inst", "job_instance_id"),
     Index("ix_job_exec_status", "status"),
+    # Pruning: "status IN (...) AND end_time < now - age".
+    Index("ix_job_exec_status_end", "status", "end_time"),
     **_TABLE_OPTIONS,
 )
 
@@ -144,10 +218,10 @@ job_execution_params = Table(
         ForeignKey("batch_job_execution.job_execution_id", name="fk_job_params_exec"),
         nullable=False,
     ),
-    Column("parameter_name", String(NAME_LENGTH), nullable=False),
-    Column("parameter_type", String(NAME_LENGTH), nullable=False),
-    Column("parameter_value", String(EXIT_LENGTH)),
-    Column("identifying", Boolean(name="ck_job_params_ident"), nullable=False),
+    Column("parameter_name", ShortText(NAME_LENGTH), nullable=False),
+    Column("parameter_type", ShortText(NAME_LENGTH), nullable=False),
+    Column("parameter_value", ShortText(EXIT_LENGTH)),
+    Column("identifying", Flag(name="ck_job_params_ident"), nullable=False),
     PrimaryKeyConstraint("job_execution_id", "parameter_name", name="pk_job_params"),
     **_TABLE_OPTIONS,
 )
@@ -157,7 +231,7 @@ step_execution = Table(
     metadata,
     _id("step_execution_id"),
     Column("version", BigInteger, nullable=False, default=0),
-    Column("step_name", String(NAME_LENGTH * 2 + 1), nullable=False),
+    Column("step_name", ShortText(NAME_LENGTH * 2 + 1), nullable=False),
     Column(
         "job_execution_id",
         BigInteger,
@@ -167,7 +241,7 @@ step_execution = Table(
     Column("create_time", Timestamp, nullable=False),
     Column("start_time", Timestamp),
     Column("end_time", Timestamp),
-    Column("status", String(STATUS_LENGTH), nullable=False),
+    Column("status", ShortText(STATUS_LENGTH), nullable=False),
     Column("commit_count", BigInteger, nullable=False, default=0),
     Column("read_count", BigInteger, nullable=False, default=0),
     Column("filter_count", BigInteger, nullable=False, default=0),
@@ -176,8 +250,8 @@ step_execution = Table(
     Column("write_skip_count", BigInteger, nullable=False, default=0),
     Column("process_skip_count", BigInteger, nullable=False, default=0),
     Column("rollback_count", BigInteger, nullable=False, default=0),
-    Column("exit_code", String(EXIT_LENGTH)),
-    Column("exit_message", String(EXIT_LENGTH)),
+    Column("exit_code", ShortText(EXIT_LENGTH, clip=True)),
+    Column("exit_message", ShortText(EXIT_LENGTH, clip=True)),
     Column("last_updated", Timestamp),
     Index("ix_step_exec_job_name", "job_execution_id", "step_name"),
     **_TABLE_OPTIONS,
@@ -194,7 +268,7 @@ job_execution_context = Table(
         nullable=False,
         autoincrement=False,
     ),
-    Column("short_context", String(SHORT_CONTEXT_LENGTH), nullable=False),
+    Column("short_context", ShortText(SHORT_CONTEXT_LENGTH), nullable=False),
     Column("serialized_context", LongText),
     **_TABLE_OPTIONS,
 )
@@ -210,7 +284,7 @@ step_execution_context = Table(
         nullable=False,
         autoincrement=False,
     ),
-    Column("short_context", String(SHORT_CONTEXT_LENGTH), nullable=False),
+    Column("short_context", ShortText(SHORT_CONTEXT_LENGTH), nullable=False),
     Column("serialized_context", LongText),
     **_TABLE_OPTIONS,
 )
@@ -220,9 +294,9 @@ step_execution_context = Table(
 nodes = Table(
     "batch_nodes",
     metadata,
-    Column("node_id", String(NODE_ID_LENGTH), primary_key=True, nullable=False),
-    Column("host", String(255), nullable=False),
-    Column("status", String(STATUS_LENGTH), nullable=False),
+    Column("node_id", ShortText(NODE_ID_LENGTH), primary_key=True, nullable=False),
+    Column("host", ShortText(255), nullable=False),
+    Column("status", ShortText(STATUS_LENGTH), nullable=False),
     Column("created_time", Timestamp, nullable=False),
     Column("last_heartbeat", Timestamp, nullable=False),
     Column("current_load", Integer, nullable=False, default=0),
@@ -246,18 +320,32 @@ partitions = Table(
     ),
     Column("job_execution_id", BigInteger, nullable=False),
     Column("master_step_execution_id", BigInteger, nullable=False),
-    Column("partition_name", String(NAME_LENGTH), nullable=False),
-    Column("assigned_node", String(NODE_ID_LENGTH)),
-    # The fencing token: reassignment increments it and every worker write is guarded by it.
+    Column("partition_name", ShortText(NAME_LENGTH), nullable=False),
+    Column("assigned_node", ShortText(NODE_ID_LENGTH)),
+    # The fencing token and try number: whatever takes the partition from a node that claimed it
+    # (its removal, a timeout, a retry, a hand-back) increments it, and every worker write is
+    # guarded by (assigned_node, attempt).
     Column("attempt", Integer, nullable=False, default=1),
-    Column("status", String(STATUS_LENGTH), nullable=False),
-    Column("transferable", Boolean(name="ck_part_transferable"), nullable=False),
+    # Tries a transferable partition gets before its failure fails the step.
+    Column("max_attempts", Integer, nullable=False, default=1),
+    Column("status", ShortText(STATUS_LENGTH), nullable=False),
+    Column("transferable", Flag(name="ck_part_transferable"), nullable=False),
     Column("created_time", Timestamp, nullable=False),
+    # The partition's progress: its claim, then each committed chunk (the fence sets it).
     Column("last_updated", Timestamp, nullable=False),
-    # Worker poll: "assigned_node = ? AND status = 'PENDING'".
+    # When it was put back for a retry; its master places it again after its backoff.
+    Column("retried_at", Timestamp),
+    # The W3C ``traceparent`` of the master's span that placed it (None when not traced), so the
+    # span of the node that runs it joins the job's trace.
+    Column("trace_context", ShortText(TRACE_CONTEXT_LENGTH)),
+    # A node's partitions: "assigned_node = ? AND status = ..." (removal, hand-back).
     Index("ix_part_node_status", "assigned_node", "status"),
+    # Worker poll: the PENDING rows, oldest first (its own and those it may steal).
+    Index("ix_part_status", "status", "step_execution_id"),
     # Master monitor: "master_step_execution_id = ? AND status IN (...)".
     Index("ix_part_master_status", "master_step_execution_id", "status"),
+    # Per execution: in-flight counts, abandoning a job ("job_execution_id = ? AND status IN").
+    Index("ix_part_job_status", "job_execution_id", "status"),
     **_TABLE_OPTIONS,
 )
 
@@ -272,16 +360,112 @@ job_coordination = Table(
         nullable=False,
         autoincrement=False,
     ),
-    Column("master_node", String(NODE_ID_LENGTH), nullable=False),
+    Column("master_node", ShortText(NODE_ID_LENGTH), nullable=False),
+    # The mastership's fencing token: every takeover increments it and every master write is
+    # guarded by (master_node, master_epoch).
+    Column("master_epoch", Integer, nullable=False, default=1),
     Column("master_step_execution_id", BigInteger, nullable=False),
-    Column("worker_step_name", String(NAME_LENGTH), nullable=False),
-    Column("status", String(STATUS_LENGTH), nullable=False),
+    Column("worker_step_name", ShortText(NAME_LENGTH), nullable=False),
+    Column("status", ShortText(STATUS_LENGTH), nullable=False),
     Column("created_time", Timestamp, nullable=False),
     Column("updated_time", Timestamp, nullable=False),
     # Stranded-master scan: "status IN (CREATED, STARTED, RECOVERING)".
     Index("ix_coord_status", "status", "master_node"),
     **_TABLE_OPTIONS,
 )
+
+job_masters = Table(
+    "batch_job_masters",
+    metadata,
+    Column(
+        "job_execution_id",
+        BigInteger,
+        ForeignKey("batch_job_execution.job_execution_id", name="fk_masters_job_exec"),
+        nullable=False,
+    ),
+    Column("master_epoch", Integer, nullable=False),
+    Column("master_node", ShortText(NODE_ID_LENGTH), nullable=False),
+    # "launched", "takeover" (it runs the job on) or "abandon" (it fails the job).
+    Column("reason", ShortText(STATUS_LENGTH), nullable=False),
+    Column("since", Timestamp, nullable=False),
+    PrimaryKeyConstraint("job_execution_id", "master_epoch", name="pk_job_masters"),
+    **_TABLE_OPTIONS,
+)
+
+# --- launches and schedules ---------------------------------------------------------------------
+
+launch_requests = Table(
+    "batch_launch_requests",
+    metadata,
+    _id("request_id"),
+    Column("job_name", ShortText(NAME_LENGTH), nullable=False),
+    # The parameters, a JSON list in the syntax ``JobParameters.parse`` reads.
+    Column("parameters", LongText, nullable=False),
+    # Apply the job's incrementer to its last run's parameters at launch (``--next``).
+    Column("next_run", Flag(name="ck_launch_next_run"), nullable=False),
+    # PENDING -> CLAIMED (by a node accepting launches) -> LAUNCHED (with its execution, in the
+    # execution's creating transaction) or FAILED (with the error).
+    Column("status", ShortText(STATUS_LENGTH), nullable=False),
+    Column("claimed_by", ShortText(NODE_ID_LENGTH)),
+    Column("created_time", Timestamp, nullable=False),
+    Column("claimed_time", Timestamp),
+    # No foreign key: pruning an execution leaves the request's history.
+    Column("job_execution_id", BigInteger),
+    Column("error_message", ShortText(EXIT_LENGTH, clip=True)),
+    # Accepting nodes' poll: "status = PENDING ORDER BY request_id"; lost claims: "CLAIMED".
+    Index("ix_launch_status", "status", "request_id"),
+    **_TABLE_OPTIONS,
+)
+
+schedule_fires = Table(
+    "batch_schedule_fires",
+    metadata,
+    Column("schedule_name", ShortText(NAME_LENGTH), nullable=False),
+    # The tick (naive UTC): the primary key makes each tick fire once across the cluster.
+    Column("fire_time", Timestamp, nullable=False),
+    Column("request_id", BigInteger, nullable=False),
+    Column("fired_by", ShortText(NODE_ID_LENGTH), nullable=False),
+    Column("fired_at", Timestamp, nullable=False),
+    PrimaryKeyConstraint("schedule_name", "fire_time", name="pk_schedule_fires"),
+    **_TABLE_OPTIONS,
+)
+
+leases = Table(
+    "batch_leases",
+    metadata,
+    # A maintenance task that one node at a time runs ("prune"): whoever holds the row's lease.
+    Column("lease_name", ShortText(NAME_LENGTH), primary_key=True, nullable=False),
+    Column("holder", ShortText(NODE_ID_LENGTH), nullable=False),
+    # Renewed (database clock) while the holder works; silent past its term, any node takes it.
+    Column("renewed_at", Timestamp, nullable=False),
+    **_TABLE_OPTIONS,
+)
+# --- the schema's version -----------------------------------------------------------------------
+
+#: The revision of ``dbcluster/migrations/versions/`` this code's tables are (``dbcluster migrate``
+#: brings an older database to it; a node refuses to start on any other).
+SCHEMA_VERSION = "0002"
+
+schema_version = Table(
+    "batch_schema_version",
+    metadata,
+    # One row: the last revision applied (Alembic's ``alembic_version``).
+    Column("version_num", ShortText(32), primary_key=True, nullable=False),
+    Column("applied_time", Timestamp, nullable=False),
+    **_TABLE_OPTIONS,
+)
+
+
+@event.listens_for(schema_version, "after_create")
+def _record_version(target: Table, connection: Connection, **_: Any) -> None:
+    """Tables created from this module are the current schema: say so in the same breath
+    (``metadata.create_all``, ``dbcluster init``), so a node accepts them."""
+    connection.execute(target.insert().values(version_num=SCHEMA_VERSION, applied_time=_utc_now()))
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC).replace(tzinfo=None)
+
 
 #: Tables in creation order (parents first).
 ALL_TABLES: tuple[Table, ...] = tuple(metadata.sorted_tables)

@@ -166,7 +166,12 @@ def job_renderables(detail: JobDetail) -> list[Any]:
             str(s.commit_count),
             fmt_duration(s.start_time, s.end_time),
         )
-    return [head, parts, steps]
+    masters = Table(title=f"Masters ({len(detail.masters)})", title_justify="left")
+    for name in ("epoch", "node", "how", "since"):
+        masters.add_column(name, justify="right" if name == "epoch" else "left")
+    for m in detail.masters:
+        masters.add_row(str(m.epoch), m.node, m.reason, fmt_time(m.since))
+    return [head, parts, steps, masters]
 
 
 def summary_lines(detail: JobDetail, elapsed_s: float | None = None) -> list[str]:
@@ -175,6 +180,13 @@ def summary_lines(detail: JobDetail, elapsed_s: float | None = None) -> list[str
     lines = [f"job {detail.job} execution {detail.job_execution_id}: {detail.status}{took}"]
     if detail.exit_message and detail.status != "COMPLETED":
         lines.append(f"  reason: {detail.exit_message}")
+    if len(detail.masters) > 1:
+        lines.append(
+            "  masters: "
+            + ", then ".join(
+                f"{short_node(m.node)} (epoch {m.epoch}, {m.reason})" for m in detail.masters
+            )
+        )
     if detail.partitions:
         reassigned = sum(1 for p in detail.partitions if p.attempt > 1)
         lines.append(
@@ -203,6 +215,15 @@ def summary_json(detail: JobDetail) -> dict[str, Any]:
         "partitions": detail.partition_counts,
         "reassigned": sum(1 for p in detail.partitions if p.attempt > 1),
         "completed_per_node": per_node,
+        "masters": [
+            {
+                "node": m.node,
+                "epoch": m.epoch,
+                "reason": m.reason,
+                "since": m.since.isoformat() if m.since else None,
+            }
+            for m in detail.masters
+        ],
     }
 
 

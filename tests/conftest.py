@@ -12,7 +12,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import Engine
 
+from dbcluster.testing.app import ledger_metadata
 from dbcluster.testing.backends import (
     Backend,
     BackendSpec,
@@ -34,12 +36,31 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         wanted = next((m.args for m in only if m.name == "backends"), None)
         if wanted:
             names = [n for n in names if n in wanted]
+        elif not _provider_level(metafunc):
+            names = [n for n in names if not _stand_in(n)]
         metafunc.parametrize(
             "backend",
             names,
             indirect=True,
             ids=[label_for(next(s for s in MATRIX if s.name == n), MATRIX) for n in names],
         )
+
+
+#: Where the MySQL provider pointed at the MariaDB server (``mysql-on-mariadb``) runs: the
+#: provider's own statements, classifiers and contract. The cluster, CLI and batch tests run once
+#: per server; on that server they exercise the MariaDB provider already. A real MySQL server
+#: (``DBCLUSTER_TEST_MYSQL_URL`` on a server of its own, as in ci/matrix.sh) runs everything.
+PROVIDER_LEVEL = ("dialects", "conformance", "thirdparty")
+
+
+def _provider_level(metafunc: pytest.Metafunc) -> bool:
+    parts = Path(str(metafunc.definition.path)).relative_to(ROOT / "tests").parts
+    return parts[0] in PROVIDER_LEVEL
+
+
+def _stand_in(name: str) -> bool:
+    spec = next(s for s in MATRIX if s.name == name)
+    return label_for(spec, MATRIX) != spec.name
 
 
 def _open(name: str) -> Backend:
@@ -72,6 +93,15 @@ def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
     yield found
 
 
+@pytest.fixture
+def ledger_engine(backend: Backend) -> Iterator[Engine]:
+    """The backend with the test application's tables (the ledger), empty."""
+    ledger_metadata.drop_all(backend.engine)
+    ledger_metadata.create_all(backend.engine)
+    yield backend.engine
+    ledger_metadata.drop_all(backend.engine)
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     for found in _opened.values():
         if isinstance(found, Backend):
@@ -80,3 +110,34 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "backends(*names): run the test only on the named backends")
+
+
+@pytest.fixture
+def register_provider(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., None]]:
+    """Registers a provider (and, if given, the SQLAlchemy dialect of a URL scheme) in this
+    process for one test, as their entry points would: ``register_provider("name",
+    "module:Provider", dialect=("scheme", "module", "DialectClass"))``."""
+    from importlib.metadata import EntryPoint
+
+    from sqlalchemy.dialects import registry as sqlalchemy_dialects
+
+    from dbcluster.dialects import registry
+
+    points = dict(registry._third_party())
+    monkeypatch.setattr(registry, "_third_party", lambda: points)
+    names: list[str] = []
+    schemes: list[str] = []
+
+    def register(name: str, target: str, dialect: tuple[str, str, str] | None = None) -> None:
+        points[name] = EntryPoint(name, target, registry.ENTRY_POINT_GROUP)
+        registry._classes.pop(name, None)
+        names.append(name)
+        if dialect is not None:
+            sqlalchemy_dialects.register(*dialect)
+            schemes.append(dialect[0])
+
+    yield register
+    for name in names:
+        registry._classes.pop(name, None)
+    for scheme in schemes:
+        sqlalchemy_dialects.deregister(scheme)

@@ -1,4 +1,4 @@
-"""The README example runs as printed and prints the correct total."""
+"""The README examples run as printed and check their own results."""
 
 from __future__ import annotations
 
@@ -9,13 +9,28 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_sum_by_range_example_prints_the_correct_total() -> None:
+def _run_example(name: str, timeout: float) -> str:
+    """The example's stdout, once it exited 0 and said OK."""
     result = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "sum_by_range.py")],
+        [sys.executable, str(ROOT / "examples" / name)],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "total: 500000500000" in result.stdout
-    assert result.stdout.rstrip().endswith("OK")
+    assert result.stdout.rstrip().endswith("OK"), result.stdout
+    return result.stdout
+
+
+def test_sum_by_range_example_prints_the_correct_total() -> None:
+    assert "total: 500000500000" in _run_example("sum_by_range.py", 300)
+
+
+def test_nightly_flow_example_takes_the_big_day_branch_and_checks_its_totals() -> None:
+    out = _run_example("nightly_flow.py", 120)
+    first, second, *_ = out.splitlines()
+    assert first == (
+        "COMPLETED: load (COMPLETED) -> volume (BIG) -> big-day (COMPLETED) -> report (COMPLETED)"
+    ), out
+    assert second == "4 partitions, 8 step executions", out
+    assert "exported 5000 orders" in out

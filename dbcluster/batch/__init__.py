@@ -1,6 +1,6 @@
 """The batch model: jobs, steps, chunks, partitions and a restartable SQL job repository."""
 
-from dbcluster.batch.chunk import ChunkStep
+from dbcluster.batch.chunk import ChunkStep, step_scope
 from dbcluster.batch.context import ExecutionContext
 from dbcluster.batch.domain import JobExecution, JobInstance, StepExecution
 from dbcluster.batch.exceptions import (
@@ -20,7 +20,10 @@ from dbcluster.batch.exceptions import (
     StartLimitExceededError,
     StepConfigurationError,
 )
+from dbcluster.batch.flow import Decider, Flow, Split, decider
 from dbcluster.batch.items import (
+    ClassifierItemWriter,
+    CompositeItemWriter,
     CsvItemReader,
     CsvItemWriter,
     FunctionItemWriter,
@@ -29,16 +32,35 @@ from dbcluster.batch.items import (
     ItemStream,
     ItemWriter,
     IterableItemReader,
+    JsonLinesItemReader,
+    JsonLinesItemWriter,
     ListItemWriter,
+    SqlCursorItemReader,
     SqlItemWriter,
     SqlKeyRangeReader,
+    SqlPagingItemReader,
     item_writer,
 )
-from dbcluster.batch.job import Job
+from dbcluster.batch.job import AutoRestart, Job
+from dbcluster.batch.jobstep import JobStep
 from dbcluster.batch.launcher import JobLauncher
-from dbcluster.batch.listeners import JobListener, StepListener
+from dbcluster.batch.listeners import (
+    ChunkListener,
+    ItemProcessListener,
+    ItemReadListener,
+    ItemWriteListener,
+    JobListener,
+    RetryListener,
+    SkipListener,
+    StepListener,
+)
 from dbcluster.batch.local import LocalPartitionHandler
-from dbcluster.batch.parameters import JobParameter, JobParameters
+from dbcluster.batch.parameters import (
+    JobParameter,
+    JobParameters,
+    ParametersValidator,
+    RunIdIncrementer,
+)
 from dbcluster.batch.partition import (
     BasePartitioner,
     FunctionPartitioner,
@@ -49,33 +71,45 @@ from dbcluster.batch.partition import (
     partitioner,
 )
 from dbcluster.batch.partitioners import ColumnRangePartitioner, IntegerRangePartitioner
+from dbcluster.batch.policy import Backoff, SkipPolicy
 from dbcluster.batch.registry import JobRegistry, load_registry
 from dbcluster.batch.repository import JobRepository
 from dbcluster.batch.runtime import BatchRuntime
+from dbcluster.batch.schedule import Schedule
 from dbcluster.batch.scope import ChunkContext
 from dbcluster.batch.status import BatchStatus, ExitStatus
 from dbcluster.batch.step import Step
 from dbcluster.batch.tasklet import RepeatStatus, TaskletStep, tasklet
 
 __all__ = [
+    "AutoRestart",
+    "Backoff",
     "BasePartitioner",
     "BatchError",
     "BatchRuntime",
     "BatchStatus",
     "ChunkContext",
+    "ChunkListener",
     "ChunkStep",
+    "ClassifierItemWriter",
     "ColumnRangePartitioner",
+    "CompositeItemWriter",
     "ContextValueError",
     "CsvItemReader",
     "CsvItemWriter",
+    "Decider",
     "ExecutionContext",
     "ExitStatus",
+    "Flow",
     "FunctionItemWriter",
     "FunctionPartitioner",
     "IntegerRangePartitioner",
+    "ItemProcessListener",
     "ItemProcessor",
+    "ItemReadListener",
     "ItemReader",
     "ItemStream",
+    "ItemWriteListener",
     "ItemWriter",
     "IterableItemReader",
     "Job",
@@ -91,12 +125,16 @@ __all__ = [
     "JobRegistry",
     "JobRepository",
     "JobRestartError",
+    "JobStep",
+    "JsonLinesItemReader",
+    "JsonLinesItemWriter",
     "ListItemWriter",
     "LocalPartitionHandler",
     "NoSuchJobError",
     "NoSuchJobExecutionError",
     "NoSuchStepError",
     "OptimisticLockingFailureError",
+    "ParametersValidator",
     "PartitionFailedError",
     "PartitionHandler",
     "PartitionStep",
@@ -104,17 +142,27 @@ __all__ = [
     "Partitioner",
     "RegistryLoadError",
     "RepeatStatus",
+    "RetryListener",
+    "RunIdIncrementer",
+    "Schedule",
     "SkipLimitExceededError",
+    "SkipListener",
+    "SkipPolicy",
+    "Split",
+    "SqlCursorItemReader",
     "SqlItemWriter",
     "SqlKeyRangeReader",
+    "SqlPagingItemReader",
     "StartLimitExceededError",
     "Step",
     "StepConfigurationError",
     "StepExecution",
     "StepListener",
     "TaskletStep",
+    "decider",
     "item_writer",
     "load_registry",
     "partitioner",
+    "step_scope",
     "tasklet",
 ]

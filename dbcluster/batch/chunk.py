@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Connection
 
 from dbcluster.batch.domain import StepExecution
 from dbcluster.batch.exceptions import (
@@ -12,9 +16,11 @@ from dbcluster.batch.exceptions import (
     SkipLimitExceededError,
     StepConfigurationError,
 )
-from dbcluster.batch.items.base import is_stream
+from dbcluster.batch.items.base import is_code, is_stream
+from dbcluster.batch.listeners import ChunkHooks, fire
+from dbcluster.batch.policy import Backoff, SkipPolicy
 from dbcluster.batch.scope import ChunkContext
-from dbcluster.batch.step import Step, persist_step
+from dbcluster.batch.step import Step, commit_step
 
 if TYPE_CHECKING:
     from dbcluster.batch.runtime import BatchRuntime
@@ -44,20 +50,88 @@ def resolve(spec: Component, step_execution: StepExecution, method: str, role: s
     )
 
 
+def step_scope(factory: Any) -> Any:
+    """Mark ``factory`` as a factory ``fn(step_execution) -> component`` (like Spring's
+    ``@StepScope``): needed only for a processor factory whose parameter is neither named
+    ``step_execution`` nor annotated :class:`StepExecution`, since a processor may also be a plain
+    function of the item."""
+    factory.__dbcluster_step_scope__ = True
+    return factory
+
+
+def _is_factory(fn: Any) -> bool:
+    """Whether a callable processor is a factory taking the StepExecution rather than a function
+    of the item: marked with :func:`step_scope`, or its first parameter is named
+    ``step_execution`` or annotated ``StepExecution``."""
+    if getattr(fn, "__dbcluster_step_scope__", False):
+        return True
+    try:
+        parameters = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # a builtin without a signature: a function of the item
+        return False
+    if not parameters:
+        return False
+    first = parameters[0]
+    annotation = first.annotation
+    named = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+    return first.name == "step_execution" or named.rsplit(".", 1)[-1] == "StepExecution"
+
+
+def resolve_processor(spec: Component, step_execution: StepExecution) -> Any:
+    """The processor: an object with ``process(item)`` or a plain function of the item, as given
+    or as made by a factory ``fn(step_execution)``."""
+    if spec is None:
+        return None
+    if not isinstance(spec, type) and callable(getattr(spec, "process", None)):
+        return spec
+    if not callable(spec):
+        raise StepConfigurationError(
+            f"processor {spec!r} must have a process() method, be a function of the item, or be "
+            f"a factory taking the StepExecution"
+        )
+    if not isinstance(spec, type) and not _is_factory(spec):
+        return spec
+    made = spec(step_execution)
+    if callable(made) and not isinstance(made, type):
+        return made
+    raise StepConfigurationError(
+        f"the processor factory {spec!r} returned {made!r}, which is neither a processor nor a "
+        f"function of the item"
+    )
+
+
 class ChunkStep(Step):
     """reader -> processor -> writer, ``chunk_size`` items per transaction.
 
     - ``reader.read()`` returns an item or None at the end.
-    - ``processor`` (optional): an object with ``process(item)`` or a callable ``fn(item)``;
-      returning None filters the item out.
+    - ``processor`` (optional): an object with ``process(item)``, a callable ``fn(item)``, or a
+      factory ``fn(step_execution)`` returning either (its parameter named ``step_execution``,
+      annotated ``StepExecution``, or the factory marked with :func:`step_scope`); returning
+      None filters the item out. A processor that returns a function instead of an item fails
+      the step before anything is written.
     - ``writer.write(items, ctx)`` writes a chunk through ``ctx.connection``: the same transaction
       in which the step's counters and context (the readers' positions) are committed.
     - Readers, processors and writers that are streams (``open/update/close``) save their position
       into the step context at each commit and restore it on restart.
+
+    Fault tolerance (Spring Batch's ``faultTolerant()``):
+
     - ``skip_limit`` / ``skippable``: that many items (read, process and write skips together) may
-      fail with one of the ``skippable`` exception types and be skipped.
+      fail with one of the ``skippable`` exception types and be skipped; ``no_skip`` types are
+      never skipped, even when they derive from a skippable one. ``skip_policy(error,
+      skip_count) -> bool`` decides instead of ``skip_limit``/``skippable`` when given (an error
+      it refuses fails the step).
     - ``retry_limit`` / ``retryable``: processing and writing are retried that many times on the
-      ``retryable`` exception types (a write retry re-runs the whole chunk transaction).
+      ``retryable`` exception types but not the ``no_retry`` ones (a write retry re-runs the whole
+      chunk transaction), waiting ``retry_backoff`` (a :class:`~dbcluster.batch.policy.Backoff`:
+      fixed, exponential, with jitter) before each retry, outside any transaction.
+    - ``no_rollback``: writer exceptions of these types keep the chunk's transaction: what was
+      written before the error commits with the chunk's counters and position, and the chunk's
+      items count as write skips. For errors that leave the transaction sound (a validation
+      error raised before writing).
+
+    Listeners (``listeners=[...]``, any object with any of these methods; see
+    :mod:`dbcluster.batch.listeners`): step, chunk, item read/process/write, skip and retry.
     """
 
     def __init__(
@@ -70,8 +144,13 @@ class ChunkStep(Step):
         chunk_size: int = 100,
         skip_limit: int = 0,
         skippable: Sequence[type[BaseException]] = (),
+        no_skip: Sequence[type[BaseException]] = (),
+        skip_policy: SkipPolicy | None = None,
         retry_limit: int = 0,
         retryable: Sequence[type[BaseException]] = (),
+        no_retry: Sequence[type[BaseException]] = (),
+        retry_backoff: Backoff | None = None,
+        no_rollback: Sequence[type[BaseException]] = (),
         **options: Any,
     ) -> None:
         super().__init__(name, **options)
@@ -83,32 +162,64 @@ class ChunkStep(Step):
         self.chunk_size = chunk_size
         self.skip_limit = skip_limit
         self.skippable = tuple(skippable)
+        # Never skipped, retried or kept: a fenced or stale write must roll back and fail.
+        self.no_skip = (*no_skip, OptimisticLockingFailureError)
+        self.skip_policy = skip_policy
         self.retry_limit = retry_limit
         self.retryable = tuple(retryable)
+        self.no_retry = (*no_retry, OptimisticLockingFailureError)
+        self.retry_backoff = retry_backoff
+        self.no_rollback = tuple(no_rollback)
+        #: The listeners' chunk-level methods (read when the step is built).
+        self.hooks = ChunkHooks(self.listeners)
 
     # --- policy ------------------------------------------------------------------------------
 
-    def _can_skip(self, error: BaseException) -> bool:
-        return (
-            self.skip_limit > 0
-            and isinstance(error, self.skippable)
-            and not isinstance(error, OptimisticLockingFailureError)
-        )
+    def _can_skip(self, error: BaseException, se: StepExecution) -> bool:
+        if isinstance(error, self.no_skip):
+            return False
+        if self.skip_policy is not None:
+            return bool(self.skip_policy(error, se.skip_count))
+        return self.skip_limit > 0 and isinstance(error, self.skippable)
 
     def _can_retry(self, error: BaseException, attempt: int) -> bool:
-        return (
-            attempt < self.retry_limit
-            and isinstance(error, self.retryable)
-            and not isinstance(error, OptimisticLockingFailureError)
-        )
+        """Whether try ``attempt + 1`` follows (waiting out the backoff first)."""
+        if not isinstance(error, self.retryable) or isinstance(error, self.no_retry):
+            return False
+        hooks = self.hooks
+        if attempt >= self.retry_limit:
+            fire(hooks.on_retry_exhausted, error, attempt + 1)
+            return False
+        fire(hooks.on_retry, error, attempt + 1)
+        if self.retry_backoff is not None:
+            time.sleep(self.retry_backoff.delay(attempt + 1))
+        return True
 
-    def _skip(self, se: StepExecution, counter: str, error: BaseException) -> None:
+    def _skip(
+        self,
+        se: StepExecution,
+        counter: str,
+        error: BaseException,
+        skipped: list[tuple[str, Any, BaseException]],
+        item: Any = None,
+    ) -> None:
         setattr(se, counter, getattr(se, counter) + 1)
+        skipped.append((counter, item, error))
         log.info("step %s skipped an item (%s): %s", se.step_name, counter, error)
-        if se.skip_count > self.skip_limit:
+        if self.skip_policy is None and se.skip_count > self.skip_limit:
             raise SkipLimitExceededError(
                 f"step {se.step_name!r} exceeded its skip limit of {self.skip_limit}: {error!r}"
             ) from error
+
+    def _report_skips(self, skipped: list[tuple[str, Any, BaseException]]) -> None:
+        hooks = self.hooks
+        for counter, item, error in skipped:
+            if counter == "read_skip_count":
+                fire(hooks.on_skip_in_read, error)
+            elif counter == "process_skip_count":
+                fire(hooks.on_skip_in_process, item, error)
+            else:
+                fire(hooks.on_skip_in_write, item, error)
 
     # --- execution ---------------------------------------------------------------------------
 
@@ -116,7 +227,8 @@ class ChunkStep(Step):
         se = step_execution
         reader = resolve(self.reader, se, "read", "reader")
         writer = resolve(self.writer, se, "write", "writer")
-        processor = self._resolve_processor(se)
+        processor = resolve_processor(self.processor, se)
+        process = processor.process if callable(getattr(processor, "process", None)) else processor
         streams = [c for c in (reader, processor, writer) if c is not None and is_stream(c)]
         write_streams = [c for c in (processor, writer) if c is not None and is_stream(c)]
         opened: list[Any] = []
@@ -124,17 +236,13 @@ class ChunkStep(Step):
             for stream in streams:
                 stream.open(se.execution_context)
                 opened.append(stream)
-            self._run_chunks(se, runtime, reader, processor, writer, streams, write_streams)
+            self._run_chunks(se, runtime, reader, process, writer, streams, write_streams)
         finally:
             for stream in reversed(opened):
                 try:
                     stream.close()
                 except Exception:  # noqa: BLE001 - closing must not hide the step's outcome
                     log.exception("closing %r failed", stream)
-
-    def _resolve_processor(self, se: StepExecution) -> Any:
-        """The processor as given: an object with ``process(item)`` or a callable ``fn(item)``."""
-        return self.processor
 
     def _run_chunks(
         self,
@@ -146,73 +254,115 @@ class ChunkStep(Step):
         streams: list[Any],
         write_streams: list[Any],
     ) -> None:
-        while not se.terminate_only:
+        hooks = self.hooks
+        while not se.should_stop:
             snapshot = se.snapshot()
+            skipped: list[tuple[str, Any, BaseException]] = []
             try:
-                items, exhausted = self._read_chunk(se, reader)
+                fire(hooks.before_chunk, se)
+                items, exhausted = self._read_chunk(se, reader, skipped)
                 if not items and se.read_skip_count == snapshot["read_skip_count"]:
                     return
-                outputs = self._process_chunk(se, processor, items)
-                self._write_chunk(se, runtime, writer, outputs, streams, write_streams)
-            except Exception:
+                outputs = self._process_chunk(se, processor, items, skipped)
+                self._write_chunk(se, runtime, writer, outputs, streams, write_streams, skipped)
+            except Exception as error:
                 rollbacks = se.rollback_count
                 se.restore(snapshot)
                 se.rollback_count = max(rollbacks, snapshot["rollback_count"] + 1)
+                fire(hooks.after_chunk_error, se, error)
                 raise
+            self._report_skips(skipped)
+            fire(hooks.after_chunk, se)
             if exhausted:
                 return
 
-    def _read_chunk(self, se: StepExecution, reader: Any) -> tuple[list[Any], bool]:
+    def _read_chunk(
+        self, se: StepExecution, reader: Any, skipped: list[tuple[str, Any, BaseException]]
+    ) -> tuple[list[Any], bool]:
+        hooks = self.hooks
         items: list[Any] = []
         while len(items) < self.chunk_size:
+            fire(hooks.before_read)
             try:
                 item = reader.read()
             except Exception as error:
-                if self._can_skip(error):
-                    self._skip(se, "read_skip_count", error)
+                fire(hooks.on_read_error, error)
+                if self._can_skip(error, se):
+                    self._skip(se, "read_skip_count", error, skipped)
                     continue
                 raise
             if item is None:
                 return items, True
+            fire(hooks.after_read, item)
             se.read_count += 1
             items.append(item)
         return items, False
 
-    def _process_chunk(self, se: StepExecution, processor: Any, items: list[Any]) -> list[Any]:
-        if processor is None:
+    def _process_chunk(
+        self,
+        se: StepExecution,
+        process: Any,
+        items: list[Any],
+        skipped: list[tuple[str, Any, BaseException]],
+    ) -> list[Any]:
+        if process is None:
             return items
-        process = processor.process if hasattr(processor, "process") else processor
+        hooks = self.hooks
         outputs = []
         for item in items:
             attempt = 0
             while True:
+                fire(hooks.before_process, item)
                 try:
                     result = process(item)
-                    break
                 except Exception as error:
+                    fire(hooks.on_process_error, item, error)
                     if self._can_retry(error, attempt):
                         attempt += 1
                         continue
-                    if self._can_skip(error):
-                        self._skip(se, "process_skip_count", error)
+                    if self._can_skip(error, se):
+                        self._skip(se, "process_skip_count", error, skipped, item)
                         result = _SKIPPED
                         break
                     raise
+                fire(hooks.after_process, item, result)
+                break
             if result is _SKIPPED:
                 continue
             if result is None:
                 se.filter_count += 1
                 continue
+            if is_code(result):
+                raise StepConfigurationError(
+                    f"the processor of step {se.step_name!r} returned {result!r} for an item, "
+                    f"which is not an item: a factory taking the StepExecution must name its "
+                    f"parameter step_execution, annotate it StepExecution, or use @step_scope"
+                )
             outputs.append(result)
         return outputs
 
-    def _commit(
-        self, se: StepExecution, runtime: BatchRuntime, streams: list[Any], conn: Any
-    ) -> None:
-        for stream in streams:
-            stream.update(se.execution_context)
-        se.commit_count += 1
-        persist_step(se, runtime, conn)
+    def _write_items(
+        self,
+        se: StepExecution,
+        runtime: BatchRuntime,
+        writer: Any,
+        items: list[Any],
+        conn: Connection,
+    ) -> BaseException | None:
+        """Write ``items`` in the chunk's transaction, with the write listeners; a
+        ``no_rollback`` error is returned (the transaction goes on), any other raised."""
+        hooks = self.hooks
+        fire(hooks.before_write, items)
+        try:
+            writer.write(items, ChunkContext(conn, se, runtime))
+        except Exception as error:
+            fire(hooks.on_write_error, error, items)
+            if self.no_rollback and isinstance(error, self.no_rollback):
+                log.info("step %s kept its chunk after a writer error: %s", se.step_name, error)
+                return error
+            raise
+        fire(hooks.after_write, items)
+        return None
 
     def _write_chunk(
         self,
@@ -222,25 +372,35 @@ class ChunkStep(Step):
         outputs: list[Any],
         streams: list[Any],
         write_streams: list[Any],
+        skipped: list[tuple[str, Any, BaseException]],
     ) -> None:
+        kept: list[tuple[str, Any, BaseException]] = []
+
+        def write(conn: Connection) -> None:
+            kept.clear()
+            error = self._write_items(se, runtime, writer, outputs, conn) if outputs else None
+            if error is None:
+                se.write_count += len(outputs)
+            else:
+                se.write_skip_count += len(outputs)
+                kept.extend(("write_skip_count", item, error) for item in outputs)
+            for stream in streams:
+                stream.update(se.execution_context)
+            se.commit_count += 1
+
         attempt = 0
         while True:
-            before = se.snapshot()
             try:
-                with runtime.repository.engine.begin() as conn:
-                    if outputs:
-                        writer.write(outputs, ChunkContext(conn, se, runtime))
-                    se.write_count += len(outputs)
-                    self._commit(se, runtime, streams, conn)
+                commit_step(se, runtime, write)
+                skipped.extend(kept)
                 return
             except Exception as error:
-                se.restore(before)
                 se.rollback_count += 1
                 if self._can_retry(error, attempt):
                     attempt += 1
                     continue
-                if self._can_skip(error) and len(outputs) > 0:
-                    self._scan(se, runtime, writer, outputs, streams, write_streams)
+                if len(outputs) > 0 and self._can_skip(error, se):
+                    self._scan(se, runtime, writer, outputs, streams, write_streams, skipped)
                     return
                 raise
 
@@ -252,6 +412,7 @@ class ChunkStep(Step):
         outputs: list[Any],
         streams: list[Any],
         write_streams: list[Any],
+        skipped: list[tuple[str, Any, BaseException]],
     ) -> None:
         """Write a failed chunk item by item, one transaction each, skipping the bad items.
 
@@ -259,23 +420,30 @@ class ChunkStep(Step):
         so a crash in the middle of a scan may write some of them twice on restart.
         """
         for item in outputs:
-            before = se.snapshot()
+
+            def write_one(conn: Connection, item: Any = item) -> None:
+                error = self._write_items(se, runtime, writer, [item], conn)
+                if error is not None:
+                    raise error  # kept or not, a scan writes an item or skips it
+                se.write_count += 1
+                for stream in write_streams:
+                    stream.update(se.execution_context)
+
             try:
-                with runtime.repository.engine.begin() as conn:
-                    writer.write([item], ChunkContext(conn, se, runtime))
-                    se.write_count += 1
-                    for stream in write_streams:
-                        stream.update(se.execution_context)
-                    persist_step(se, runtime, conn)
+                commit_step(se, runtime, write_one)
             except Exception as error:
-                se.restore(before)
                 se.rollback_count += 1
-                if self._can_skip(error):
-                    self._skip(se, "write_skip_count", error)
+                if self._can_skip(error, se):
+                    self._skip(se, "write_skip_count", error, skipped, item)
                     continue
                 raise
-        with runtime.repository.engine.begin() as conn:
-            self._commit(se, runtime, streams, conn)
+
+        def close_chunk(conn: Connection) -> None:
+            for stream in streams:
+                stream.update(se.execution_context)
+            se.commit_count += 1
+
+        commit_step(se, runtime, close_chunk)
 
 
 _SKIPPED = object()

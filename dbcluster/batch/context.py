@@ -27,10 +27,12 @@ class ExecutionContext:
     exactly what it will see after a restart.
     """
 
-    __slots__ = ("_data", "dirty")
+    __slots__ = ("_data", "_saved", "dirty")
 
     def __init__(self, data: Mapping[str, Any] | None = None) -> None:
         self._data: dict[str, Any] = {}
+        #: The JSON last read from or written to the database (None: never).
+        self._saved: str | None = None
         self.dirty = False
         if data:
             for key, value in data.items():
@@ -89,15 +91,36 @@ class ExecutionContext:
         clone = ExecutionContext()
         clone._data = json.loads(self.to_json())
         clone.dirty = self.dirty
+        clone._saved = self._saved
         return clone
 
     def reset_to(self, other: ExecutionContext) -> None:
         """Make this context (in place) a copy of ``other``, dirty flag included."""
         self._data = json.loads(other.to_json())
         self.dirty = other.dirty
+        self._saved = other._saved
+
+    def state(self) -> tuple[str, bool, str | None]:
+        """What :meth:`restore_state` needs to undo later changes (cheaper than :meth:`copy`)."""
+        return self.to_json(), self.dirty, self._saved
+
+    def restore_state(self, state: tuple[str, bool, str | None]) -> None:
+        text, self.dirty, self._saved = state
+        if text != self.to_json():
+            self._data = json.loads(text)
 
     def clear_dirty(self) -> None:
         self.dirty = False
+
+    def mark_saved(self, text: str) -> None:
+        """The database now holds ``text`` (this context's JSON)."""
+        self._saved = text
+        self.dirty = False
+
+    def changed(self) -> bool:
+        """Whether the database does not hold this context as it is now: put or removed since it
+        was last saved, or a value mutated in place (which the dirty flag cannot see)."""
+        return self.dirty or self._saved is None or self.to_json() != self._saved
 
     def to_json(self) -> str:
         return json.dumps(self._data, sort_keys=True, ensure_ascii=True, allow_nan=False)
@@ -112,6 +135,7 @@ class ExecutionContext:
                     f"a serialized execution context must be a JSON object: {text[:80]!r}"
                 )
             context._data = loaded
+            context._saved = text
         return context
 
     def __eq__(self, other: object) -> bool:

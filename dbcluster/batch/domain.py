@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
-
-from sqlalchemy import ColumnElement, Connection
+from typing import TYPE_CHECKING, Any
 
 from dbcluster.batch.context import ExecutionContext
 from dbcluster.batch.parameters import JobParameters
 from dbcluster.batch.status import EXIT_EXECUTING, EXIT_UNKNOWN, BatchStatus, ExitStatus
+
+if TYPE_CHECKING:
+    from dbcluster.batch.fence import Fence
 
 COUNTER_NAMES: tuple[str, ...] = (
     "read_count",
@@ -53,6 +53,21 @@ class JobExecution:
     execution_context: ExecutionContext = field(default_factory=ExecutionContext)
     step_executions: list[StepExecution] = field(default_factory=list)
     failure_exceptions: list[BaseException] = field(default_factory=list)
+    #: In memory only: the ownership every job-level write must hold at commit time (a cluster
+    #: master's coordination row); the steps the job runs itself inherit it. None: no fence.
+    fence: Fence | None = None
+    #: In memory only: the execution was created STARTED (its start is in the database).
+    start_recorded: bool = False
+    #: In memory only: the instance's other executions, newest first, as read when this one was
+    #: created (None: not known; the job reads them).
+    earlier: list[JobExecution] | None = None
+    #: In memory only: step executions created (STARTED) with this execution, by step name, for
+    #: the job to take instead of creating them (its first step, on a first launch).
+    prepared_steps: dict[str, StepExecution] = field(default_factory=dict)
+    #: In memory only: a stop was requested (the execution is STOPPING in the database, or its
+    #: launcher asked): every step of it ends STOPPED at its next boundary and no further step
+    #: does any work. Set by whoever learns of the request (a cluster node's periodic check).
+    stop_requested: bool = False
 
     @property
     def job_name(self) -> str:
@@ -67,6 +82,10 @@ class JobExecution:
             f"JobExecution(id={self.id}, job={self.job_name!r}, status={self.status.value}, "
             f"exit={self.exit_status.code})"
         )
+
+
+#: Besides the counters, what :meth:`StepExecution.restore` puts back.
+_RESTORED = ("version", "status", "exit_status", "end_time")
 
 
 @dataclass(eq=False)
@@ -92,17 +111,30 @@ class StepExecution:
     execution_context: ExecutionContext = field(default_factory=ExecutionContext)
     #: Set (by anyone) to make the step end STOPPED at its next chunk / tasklet boundary.
     terminate_only: bool = False
-    #: In memory only: an extra predicate every step-execution UPDATE must also satisfy (fencing).
-    write_guard: ColumnElement[bool] | None = None
-    #: In memory only: called with the connection of the step's final transaction, after its
-    #: final status is written and before it commits (the cluster records the partition's
-    #: outcome there, atomically with the step's). Raising rolls the final write back.
-    on_final_commit: Callable[[Connection], None] | None = None
+    #: In memory only: the ownership every transaction of this step holds at commit time (a
+    #: partition's row on the worker running it; the job's mastership for a step the master
+    #: runs). Its ``finish`` records the step's end with it (a partition's outcome).
+    fence: Fence | None = None
     failure_exceptions: list[BaseException] = field(default_factory=list)
+    #: In memory only: the step's start (STARTED, its start time) is already in the database,
+    #: written by whoever handed the execution over (a worker's claim transaction).
+    start_recorded: bool = False
+    #: In memory only: the step's end is already in the database (its last transaction of work
+    #: also recorded its end: see :func:`~dbcluster.batch.step.commit_step`).
+    end_recorded: bool = False
+    #: In memory only: created moments ago by this process for this run (nothing can have
+    #: been written under it by anyone else, e.g. no partitions placed).
+    fresh: bool = False
 
     @property
     def job_execution_id(self) -> int:
         return self.job_execution.id
+
+    @property
+    def should_stop(self) -> bool:
+        """Whether the step ends STOPPED at its next chunk / tasklet boundary: it was told to
+        (``terminate_only``), or its job execution is being stopped."""
+        return self.terminate_only or self.job_execution.stop_requested
 
     @property
     def skip_count(self) -> int:
@@ -112,16 +144,18 @@ class StepExecution:
         return {name: getattr(self, name) for name in COUNTER_NAMES}
 
     def snapshot(self) -> dict[str, Any]:
-        """What a rolled-back transaction must restore: counters, version, context."""
+        """What a rolled-back transaction must restore: counters, version, status, exit status,
+        end time, context."""
         state: dict[str, Any] = self.counters()
-        state["version"] = self.version
-        state["execution_context"] = self.execution_context.copy()
+        for name in _RESTORED:
+            state[name] = getattr(self, name)
+        state["execution_context"] = self.execution_context.state()
         return state
 
     def restore(self, state: dict[str, Any]) -> None:
-        for name in (*COUNTER_NAMES, "version"):
+        for name in (*COUNTER_NAMES, *_RESTORED):
             setattr(self, name, state[name])
-        self.execution_context.reset_to(state["execution_context"])
+        self.execution_context.restore_state(state["execution_context"])
 
     def __repr__(self) -> str:
         return (

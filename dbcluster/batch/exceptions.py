@@ -59,7 +59,12 @@ class SkipLimitExceededError(BatchError):
 
 
 class PartitionFailedError(BatchError):
-    """At least one partition of a partitioned step did not complete."""
+    """At least one partition of a partitioned step did not complete. ``exit_code`` is the
+    step's exit code (``NODE_LOST`` when every failed partition was lost with its node)."""
+
+    def __init__(self, message: str, exit_code: str = "FAILED") -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 class StepConfigurationError(ConfigurationError):

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from sqlalchemy import Connection
+from sqlalchemy.exc import IntegrityError
+
+from dbcluster.batch.context import ExecutionContext
 from dbcluster.batch.domain import JobExecution
 from dbcluster.batch.exceptions import (
     JobExecutionAlreadyRunningError,
     JobInstanceAlreadyCompleteError,
+    JobParametersError,
     JobRestartError,
     NoSuchJobExecutionError,
     StartLimitExceededError,
@@ -44,6 +49,9 @@ class JobLauncher:
             repository=repository,
             partition_handler=partition_handler or LocalPartitionHandler(),
             registry=registry,
+            create_execution=lambda job, params, context: self.create_execution(
+                job, params, context=context
+            ),
         )
 
     def run(
@@ -60,6 +68,23 @@ class JobLauncher:
         job.execute(execution, self.runtime)
         log.info("job %s, execution %s ended %s", job.name, execution.id, execution.status.value)
         return execution
+
+    def next_parameters(
+        self, job: Job, extra: JobParameters | Mapping[str, Any] | None = None
+    ) -> JobParameters:
+        """The parameters of the job's next run (Spring's ``startNextInstance``): its
+        incrementer applied to the parameters of its last instance's last execution, then
+        ``extra`` on top."""
+        if job.incrementer is None:
+            raise JobParametersError(
+                f"job {job.name!r} has no incrementer; give it Job(..., incrementer="
+                f"RunIdIncrementer()) to start its next run"
+            )
+        last = self.repository.get_last_job_instance_execution(job.name)
+        made = job.incrementer.get_next(last.parameters if last is not None else None)
+        values = made.parameters()
+        values.update(as_job_parameters(extra).parameters())
+        return JobParameters(values)
 
     def restart(self, execution_id: int, job: Job | None = None) -> JobExecution:
         """Run the instance of execution ``execution_id`` again, with its parameters."""
@@ -79,35 +104,94 @@ class JobLauncher:
             )
         return self.run(job, old.parameters)
 
-    def create_execution(self, job: Job, params: JobParameters) -> JobExecution:
-        """Check that the instance may start and create its new execution (STARTING), under the
-        instance's row lock so that concurrent launchers cannot both pass the checks."""
+    def create_execution(
+        self,
+        job: Job,
+        params: JobParameters,
+        on_created: Callable[[Connection, JobExecution], None] | None = None,
+        context: ExecutionContext | None = None,
+        *,
+        check: Callable[[Connection, list[JobExecution]], None] | None = None,
+    ) -> JobExecution:
+        """Check that the instance may start and create its new execution, already STARTED,
+        in one transaction under the instance's row lock (so that concurrent launchers cannot
+        both pass the checks); the instance is created in it if it is new.
+
+        ``check(conn, executions)`` adds a check of the caller's on the instance's executions
+        (newest first) in the same transaction; ``on_created(conn, execution)`` runs in it last
+        (a cluster master records its mastership there, so no execution ever exists without an
+        owner survivors can see).
+        """
+        job.validate_parameters(params)
         repository = self.repository
-        instance = repository.get_or_create_job_instance(job.name, params)
-        with repository.engine.begin() as conn:
+        for attempt in range(2):
+            try:
+                # Repeated on a transient error (a lock wait, a deadlock, SQLite's read-to-write
+                # upgrade refused while another writer commits): nothing of it was committed.
+                return repository.transactions.run(
+                    lambda conn: self._create(job, params, conn, on_created, context, check),
+                    what=f"launch of {job.name}",
+                )
+            except IntegrityError:
+                # Another launcher created the same new instance first: its row is there now.
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _create(
+        self,
+        job: Job,
+        params: JobParameters,
+        conn: Connection,
+        on_created: Callable[[Connection, JobExecution], None] | None,
+        context: ExecutionContext | None,
+        check: Callable[[Connection, list[JobExecution]], None] | None,
+    ) -> JobExecution:
+        repository = self.repository
+        instance = repository.get_job_instance(job.name, params, conn)
+        if instance is None:
+            # New: the insert holds its row until COMMIT, as the lock below would.
+            instance = repository.create_job_instance(job.name, params, conn)
+            executions: list[JobExecution] = []
+        else:
             repository.lock_job_instance(instance, conn)
             executions = repository.get_job_executions(instance, conn)
-            running = [e for e in executions if e.status.is_running]
-            if running:
-                raise JobExecutionAlreadyRunningError(
-                    f"job {job.name!r} instance {instance.id} already has execution "
-                    f"{running[0].id} in status {running[0].status.value}"
+        running = [e for e in executions if e.status.is_running]
+        if running:
+            raise JobExecutionAlreadyRunningError(
+                f"job {job.name!r} instance {instance.id} already has execution "
+                f"{running[0].id} in status {running[0].status.value}"
+            )
+        if executions:
+            last = executions[0]
+            if last.status is BatchStatus.COMPLETED and not job.allow_start_if_complete:
+                raise JobInstanceAlreadyCompleteError(
+                    f"job {job.name!r} instance {instance.id} already completed (execution "
+                    f"{last.id}); run it with different identifying parameters"
                 )
-            if executions:
-                last = executions[0]
-                if last.status is BatchStatus.COMPLETED and not job.allow_start_if_complete:
-                    raise JobInstanceAlreadyCompleteError(
-                        f"job {job.name!r} instance {instance.id} already completed (execution "
-                        f"{last.id}); run it with different identifying parameters"
-                    )
-                if not job.restartable and last.status is not BatchStatus.COMPLETED:
-                    raise JobRestartError(
-                        f"job {job.name!r} is not restartable and instance {instance.id} already "
-                        f"ran (execution {last.id}, {last.status.value})"
-                    )
-                if job.start_limit is not None and len(executions) >= job.start_limit:
-                    raise StartLimitExceededError(
-                        f"job {job.name!r} instance {instance.id} has been started "
-                        f"{len(executions)} times; its start_limit is {job.start_limit}"
-                    )
-            return repository.create_job_execution(instance, params, conn=conn)
+            if not job.restartable and last.status is not BatchStatus.COMPLETED:
+                raise JobRestartError(
+                    f"job {job.name!r} is not restartable and instance {instance.id} already "
+                    f"ran (execution {last.id}, {last.status.value})"
+                )
+            if job.start_limit is not None and len(executions) >= job.start_limit:
+                raise StartLimitExceededError(
+                    f"job {job.name!r} instance {instance.id} has been started "
+                    f"{len(executions)} times; its start_limit is {job.start_limit}"
+                )
+        if check is not None:
+            check(conn, executions)
+        execution = repository.create_job_execution(
+            instance, params, context, conn=conn, started=True
+        )
+        execution.earlier = executions
+        if on_created is not None:
+            on_created(conn, execution)
+        first = job.first_step() if not executions else None
+        if first is not None:
+            # A first launch starts with this step: create its execution now, STARTED, rather
+            # than in a transaction of its own.
+            execution.prepared_steps[first.name] = repository.create_step_execution(
+                execution, first.name, None, conn, started=True
+            )
+        return execution

@@ -36,6 +36,9 @@ class LocalPartitionHandler:
         works = step.split(master, self.grid_size or self.max_workers, runtime)
         if not works:
             return []
+        for work in works:
+            # In-process partitions are the master's own work: they write under its fence.
+            work.step_execution.fence = master.fence
         workers = min(self.max_workers, len(works))
         with ThreadPoolExecutor(workers, thread_name_prefix=f"dbcluster-{step.name}") as pool:
             futures = {
@@ -45,7 +48,7 @@ class LocalPartitionHandler:
             pending = set(futures)
             while pending:
                 _, pending = wait(pending, timeout=self.poll_interval)
-                if master.terminate_only:
+                if master.should_stop:
                     # A stop of the master reaches every partition at its next chunk boundary.
                     for work in works:
                         work.step_execution.terminate_only = True

@@ -198,3 +198,76 @@ def as_job_parameters(params: JobParameters | Mapping[str, Any] | None) -> JobPa
     if isinstance(params, JobParameters):
         return params
     return JobParameters(params)
+
+
+class RunIdIncrementer:
+    """Makes the next run's parameters: the previous run's, with ``key`` (default ``run.id``, an
+    identifying int) one higher (1 for a first run). Give it to ``Job(incrementer=...)`` and start
+    the next run with ``JobLauncher.next_parameters`` or ``dbcluster launch --next``."""
+
+    def __init__(self, key: str = "run.id") -> None:
+        self.key = key
+
+    def get_next(self, previous: JobParameters | None) -> JobParameters:
+        values = previous.parameters() if previous is not None else {}
+        last = values.get(self.key)
+        number = last.value if last is not None else 0
+        if isinstance(number, bool) or not isinstance(number, int):
+            raise JobParametersError(
+                f"parameter {self.key!r} of the last run is {number!r}, not an int to increment"
+            )
+        values[self.key] = JobParameter(number + 1)
+        return JobParameters(values)
+
+
+ParameterType = type | str
+
+
+def _type_name(expected: ParameterType) -> str:
+    name = expected if isinstance(expected, str) else getattr(expected, "__name__", "")
+    if name not in _TYPE_NAMES:
+        raise JobParametersError(
+            f"unknown job parameter type {expected!r}; use one of {', '.join(_TYPE_NAMES)}"
+        )
+    return name
+
+
+class ParametersValidator:
+    """Checks a job's parameters at every launch (Spring's ``DefaultJobParametersValidator``,
+    with types): each ``required`` key must be there; when ``optional`` is given, no key outside
+    ``required`` and ``optional`` may be; a key given a type (``{"run.date": date}`` or
+    ``"date"``; None: any) must have a value of that type. Keys may be given as a list (any
+    type) or a mapping of key to type."""
+
+    def __init__(
+        self,
+        required: Mapping[str, ParameterType | None] | Iterable[str] = (),
+        optional: Mapping[str, ParameterType | None] | Iterable[str] | None = None,
+    ) -> None:
+        self.required = self._typed(required)
+        self.optional = None if optional is None else self._typed(optional)
+        both = set(self.required) & set(self.optional or ())
+        if both:
+            raise JobParametersError(f"keys both required and optional: {sorted(both)}")
+
+    @staticmethod
+    def _typed(keys: Mapping[str, ParameterType | None] | Iterable[str]) -> dict[str, str | None]:
+        if isinstance(keys, Mapping):
+            return {k: None if t is None else _type_name(t) for k, t in keys.items()}
+        return {k: None for k in keys}
+
+    def validate(self, params: JobParameters, *, also_allowed: Iterable[str] = ()) -> None:
+        """Raise :class:`JobParametersError` naming every problem found."""
+        problems = [f"{key!r} is missing" for key in self.required if key not in params]
+        if self.optional is not None:
+            known = {*self.required, *self.optional, *also_allowed}
+            problems += [
+                f"{key!r} is not a parameter of this job" for key in params if key not in known
+            ]
+        expected = {**(self.optional or {}), **self.required}
+        for key, value in params.items():
+            kind = expected.get(key)
+            if kind is not None and type_name_of(value) != kind:
+                problems.append(f"{key!r} must be {kind}, not {type_name_of(value)} ({value!r})")
+        if problems:
+            raise JobParametersError("bad job parameters: " + "; ".join(problems))

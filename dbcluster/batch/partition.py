@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol, overload, runtime_checkable
 
 from sqlalchemy import Connection
 
 from dbcluster.batch.context import ExecutionContext
 from dbcluster.batch.domain import COUNTER_NAMES, StepExecution
-from dbcluster.batch.exceptions import BatchError, PartitionFailedError
-from dbcluster.batch.status import BatchStatus, ExitStatus
+from dbcluster.batch.exceptions import BatchError, PartitionFailedError, StepConfigurationError
+from dbcluster.batch.status import EXIT_NODE_LOST, BatchStatus, ExitStatus
 from dbcluster.batch.step import Step
 
 if TYPE_CHECKING:
@@ -113,6 +114,11 @@ class PartitionHandler(Protocol):
     ) -> list[StepExecution]: ...
 
 
+def _ms(value: float | timedelta) -> int:
+    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    return round(seconds * 1000)
+
+
 def _as_context(value: ExecutionContext | Mapping[str, Any]) -> ExecutionContext:
     return value.copy() if isinstance(value, ExecutionContext) else ExecutionContext(value)
 
@@ -123,6 +129,17 @@ class PartitionStep(Step):
     Partition step executions are named ``<worker step name>:<partition name>``. On a restart only
     the partitions that did not complete run again, with the same names and contexts (including
     any reader position they committed); the step never re-partitions.
+
+    On a cluster (the handler honours these; the in-process one ignores them):
+
+    - ``max_attempts`` (default 3): a transferable partition whose try fails with an exception of
+      ``retry_on`` types, or with a transient database error, is tried again, on any live node,
+      resuming after its last commit, up to this many tries in all; the backoff before the next
+      try is ``retry_backoff`` (seconds, or a timedelta) doubled after each failed try. A
+      non-transferable partition is never tried again.
+    - ``timeout`` (seconds, or a timedelta; None: none): a partition whose progress (its claim,
+      or its last committed chunk) is older than this is fenced (its node commits nothing more
+      for it), then tried again if transferable and tries remain, or failed.
     """
 
     def __init__(
@@ -133,13 +150,34 @@ class PartitionStep(Step):
         *,
         grid_size: int | None = None,
         partition_handler: PartitionHandler | None = None,
+        max_attempts: int = 3,
+        retry_on: Sequence[type[BaseException]] = (),
+        retry_backoff: float | timedelta = 1.0,
+        timeout: float | timedelta | None = None,
         **options: Any,
     ) -> None:
         super().__init__(name, **options)
+        if max_attempts < 1:
+            raise StepConfigurationError(f"max_attempts must be at least 1, not {max_attempts}")
         self.worker_step = worker_step
         self.partitioner = partitioner
         self.grid_size = grid_size
         self.partition_handler = partition_handler
+        self.max_attempts = max_attempts
+        self.retry_on = tuple(retry_on)
+        self.retry_backoff_ms = _ms(retry_backoff)
+        self.timeout_ms = None if timeout is None else _ms(timeout)
+        if self.timeout_ms is not None and self.timeout_ms < 1:
+            raise StepConfigurationError(f"timeout must be positive, not {timeout!r}")
+
+    def retry_backoff_for(self, attempt: int) -> int:
+        """Milliseconds to wait before try ``attempt`` (2, 3, ...)."""
+        return self.retry_backoff_ms * 2 ** max(0, attempt - 2)
+
+    def retryable(self, error: BaseException) -> bool:
+        """Whether a partition that failed with ``error`` is tried again (a transient database
+        error is, too: the cluster asks its provider)."""
+        return isinstance(error, self.retry_on) if self.retry_on else False
 
     def steps(self) -> list[Step]:
         return [self, *self.worker_step.steps()]
@@ -249,9 +287,13 @@ class PartitionStep(Step):
                 failed.append(p.step_name)
                 exit_status = exit_status.and_(ExitStatus(p.exit_status.code))
         if status.is_unsuccessful:
+            lost = all(
+                p.exit_status.code == EXIT_NODE_LOST for p in partitions if p.step_name in failed
+            )
             raise PartitionFailedError(
                 f"{len(failed)} of {len(partitions)} partitions of step {self.name!r} did not "
-                f"complete: {', '.join(failed[:20])}{' ...' if len(failed) > 20 else ''}"
+                f"complete: {', '.join(failed[:20])}{' ...' if len(failed) > 20 else ''}",
+                EXIT_NODE_LOST if lost else "FAILED",
             )
         if status is not BatchStatus.COMPLETED:
             master.status = status

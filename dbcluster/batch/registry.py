@@ -4,22 +4,51 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterable
+from dataclasses import replace
 
 from dbcluster.batch.exceptions import NoSuchJobError, NoSuchStepError, RegistryLoadError
 from dbcluster.batch.job import Job
+from dbcluster.batch.partition import PartitionStep
+from dbcluster.batch.schedule import Schedule
 from dbcluster.batch.step import Step
 
 
 class JobRegistry:
-    """Maps job names to jobs and step names (nested partition workers included) to steps."""
+    """Maps job names to jobs and step names (nested partition workers included) to steps, and
+    holds the schedules of recurring jobs."""
 
-    def __init__(self, jobs: Iterable[Job] = (), steps: Iterable[Step] = ()) -> None:
+    def __init__(
+        self,
+        jobs: Iterable[Job] = (),
+        steps: Iterable[Step] = (),
+        schedules: Iterable[Schedule] = (),
+    ) -> None:
         self._jobs: dict[str, Job] = {}
         self._steps: dict[str, Step] = {}
+        self._partition_steps: dict[str, PartitionStep] = {}
+        self._schedules: dict[str, Schedule] = {}
         for job in jobs:
             self.register(job)
         for step in steps:
             self.register_step(step)
+        for schedule in schedules:
+            self.schedule(schedule)
+
+    def schedule(self, schedule: Schedule) -> Schedule:
+        """Register a recurring run of a registered job (see :class:`Schedule`). Its
+        ``next_run`` left None becomes whether the job has an incrementer."""
+        job = self.get_job(schedule.job)
+        known = self._schedules.get(schedule.name)
+        if known is not None and replace(known, next_run=schedule.next_run) != schedule:
+            raise ValueError(f"a different schedule named {schedule.name!r} is already registered")
+        if schedule.next_run is None:
+            schedule = replace(schedule, next_run=job.incrementer is not None)
+        self._schedules[schedule.name] = schedule
+        return schedule
+
+    def schedules(self) -> list[Schedule]:
+        """The registered schedules, by name."""
+        return [self._schedules[name] for name in sorted(self._schedules)]
 
     def register(self, job: Job) -> Job:
         if job.name in self._jobs and self._jobs[job.name] is not job:
@@ -27,6 +56,10 @@ class JobRegistry:
         for step in job.all_steps():
             self.register_step(step)
         self._jobs[job.name] = job
+        for step in job.all_steps():
+            child = getattr(step, "job", None)  # a JobStep's job: a node may take it over
+            if isinstance(child, Job) and child.name not in self._jobs:
+                self.register(child)
         return job
 
     def register_step(self, step: Step) -> Step:
@@ -35,7 +68,13 @@ class JobRegistry:
             if known is not None and known is not nested:
                 raise ValueError(f"a different step named {nested.name!r} is already registered")
             self._steps[nested.name] = nested
+            if isinstance(nested, PartitionStep):
+                self._partition_steps[nested.worker_step.name] = nested
         return step
+
+    def partition_step_of(self, worker_step_name: str) -> PartitionStep | None:
+        """The partitioned step whose worker step this is (its retry and timeout policy)."""
+        return self._partition_steps.get(worker_step_name)
 
     def get_job(self, name: str) -> Job:
         try:

@@ -2,17 +2,31 @@
 
 Every write method takes an optional ``conn``: given, it runs inside that connection's transaction
 and does not commit; omitted, it runs in its own transaction. Updates are guarded by ``version``
-(optimistic locking) and, for step executions, by the execution's in-memory ``write_guard``.
+(optimistic locking). Steps and jobs write through :attr:`JobRepository.transactions`, which
+repeats transient errors and holds each execution's fence (see :mod:`dbcluster.batch.fence`).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Row, func, insert, select, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Row,
+    bindparam,
+    case,
+    exists,
+    func,
+    insert,
+    select,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 
 from dbcluster import schema
@@ -21,6 +35,8 @@ from dbcluster.batch.domain import COUNTER_NAMES, JobExecution, JobInstance, Ste
 from dbcluster.batch.exceptions import OptimisticLockingFailureError
 from dbcluster.batch.parameters import JobParameter, JobParameters, parse_value
 from dbcluster.batch.status import BatchStatus, ExitStatus
+from dbcluster.batch.transactions import RetryPolicy, Transactions
+from dbcluster.inlists import in_batches
 
 log = logging.getLogger(__name__)
 
@@ -32,19 +48,87 @@ _JC = schema.job_execution_context
 _SC = schema.step_execution_context
 
 _RUNNING = [s.value for s in BatchStatus if s.is_running]
-#: Keeps IN lists under every database's limit (Oracle: 1000).
-_IN_BATCH = 500
-_EXIT_MAX = schema.EXIT_LENGTH
 
 
-def _clip(text: str | None) -> str | None:
-    if text is None or len(text) <= _EXIT_MAX:
-        return text
-    return text[: _EXIT_MAX - 3] + "..."
+def _bound(columns: Sequence[str]) -> dict[str, Any]:
+    return {name: bindparam(f"b_{name}") for name in columns}
 
 
-def _context_columns(context: ExecutionContext) -> dict[str, str | None]:
-    text = context.to_json()
+#: The repository's hot UPDATEs, built once with bind parameters: SQLAlchemy then neither builds
+#: them nor computes their cache keys again on every chunk (a rebuilt statement costs several
+#: times its round trip).
+_EXECUTION_COLUMNS = ("start_time", "end_time", "status", "exit_code", "exit_message")
+
+
+def _versioned_update(table: Any, key: Any, columns: Sequence[str]) -> Any:
+    """UPDATE of one execution row at the version it was read with (optimistic locking)."""
+    return (
+        update(table)
+        .where(key == bindparam("b_id"), table.c.version == bindparam("b_version"))
+        .values(
+            version=table.c.version + 1,
+            last_updated=bindparam("b_last_updated"),
+            **_bound(columns),
+        )
+    )
+
+
+_UPDATE_STEP = _versioned_update(
+    _SE, _SE.c.step_execution_id, (*_EXECUTION_COLUMNS, *COUNTER_NAMES)
+)
+_UPDATE_JOB = _versioned_update(_JE, _JE.c.job_execution_id, _EXECUTION_COLUMNS)
+#: The write of a running status (STARTING, STARTED): a stop request (STOPPING, written by
+#: anyone: see ``QueryProvider.request_stop``) survives it; an end (STOPPED, COMPLETED,
+#: FAILED) is written with ``_UPDATE_JOB`` and replaces it.
+_UPDATE_RUNNING_JOB = _UPDATE_JOB.values(
+    status=case(
+        (_JE.c.status == BatchStatus.STOPPING.value, _JE.c.status),
+        else_=bindparam("b_status"),
+    )
+)
+_KEEPS_STOPPING = (BatchStatus.STARTING, BatchStatus.STARTED)
+_UPDATE_STEP_CONTEXT = (
+    update(_SC)
+    .where(_SC.c.step_execution_id == bindparam("b_id"))
+    .values(
+        short_context=bindparam("b_short_context"),
+        serialized_context=bindparam("b_serialized_context"),
+    )
+)
+_UPDATE_JOB_CONTEXT = (
+    update(_JC)
+    .where(_JC.c.job_execution_id == bindparam("b_id"))
+    .values(
+        short_context=bindparam("b_short_context"),
+        serialized_context=bindparam("b_serialized_context"),
+    )
+)
+
+
+def _execution_values(execution: Any, now: Any) -> dict[str, Any]:
+    return {
+        "b_id": execution.id,
+        "b_version": execution.version,
+        "b_last_updated": now,
+        "b_start_time": execution.start_time,
+        "b_end_time": execution.end_time,
+        "b_status": execution.status.value,
+        "b_exit_code": execution.exit_status.code,
+        "b_exit_message": execution.exit_status.description,
+    }
+
+
+def _context_values(execution_id: int, text: str) -> dict[str, Any]:
+    columns = _context_columns(text)
+    return {
+        "b_id": execution_id,
+        "b_short_context": columns["short_context"],
+        "b_serialized_context": columns["serialized_context"],
+    }
+
+
+def _context_columns(context: ExecutionContext | str) -> dict[str, str | None]:
+    text = context if isinstance(context, str) else context.to_json()
     if len(text) <= schema.SHORT_CONTEXT_LENGTH:
         return {"short_context": text, "serialized_context": None}
     return {
@@ -71,16 +155,69 @@ def _context_from_row(short: str | None, serialized: str | None) -> ExecutionCon
     return ExecutionContext.from_json(serialized if serialized is not None else short)
 
 
-def _batches(items: Sequence[Any]) -> Iterator[Sequence[Any]]:
-    for start in range(0, len(items), _IN_BATCH):
-        yield items[start : start + _IN_BATCH]
+def _retried_read(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A read method that, when it runs on its own connection (no ``conn`` given), is repeated on
+    transient errors under the repository's retry policy. Inside a caller's transaction it runs
+    once: the caller's transaction decides."""
+    signature = inspect.signature(method)
+
+    @functools.wraps(method)
+    def read(self: JobRepository, *args: Any, **kwargs: Any) -> Any:
+        if signature.bind(self, *args, **kwargs).arguments.get("conn") is not None:
+            return method(self, *args, **kwargs)
+        return self.transactions.read(lambda: method(self, *args, **kwargs), method.__name__)
+
+    return read
 
 
 class JobRepository:
     """Creates, updates and finds job instances, job executions and step executions."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(
+        self, engine: Engine, retry: RetryPolicy | None = None, *, reader: Engine | None = None
+    ) -> None:
         self.engine = engine
+        #: Where reads outside a caller's transaction run: an autocommit engine of the same
+        #: database makes each statement one round trip (no BEGIN, no ROLLBACK).
+        self.reader = reader or engine
+        #: Step and job transactions, repeated on transient errors under ``retry``.
+        self.transactions = Transactions(engine, retry)
+
+    def step_version_is(
+        self, execution: StepExecution, version: int
+    ) -> Callable[[Connection], bool]:
+        """Verifier of an unclear commit: the step execution's row carries ``version``. A row
+        at any other version than that or the one before was written by someone else."""
+
+        def verify(conn: Connection) -> bool:
+            found = conn.execute(
+                select(_SE.c.version).where(_SE.c.step_execution_id == execution.id)
+            ).scalar_one_or_none()
+            return self._judge_version(found, version, f"step execution {execution.id}")
+
+        return verify
+
+    def job_version_is(self, execution: JobExecution, version: int) -> Callable[[Connection], bool]:
+        """Verifier of an unclear commit of a job-execution write (see :meth:`step_version_is`)."""
+
+        def verify(conn: Connection) -> bool:
+            found = conn.execute(
+                select(_JE.c.version).where(_JE.c.job_execution_id == execution.id)
+            ).scalar_one_or_none()
+            return self._judge_version(found, version, f"job execution {execution.id}")
+
+        return verify
+
+    @staticmethod
+    def _judge_version(found: Any, version: int, what: str) -> bool:
+        if found is not None and int(found) == version:
+            return True
+        if found is not None and int(found) == version - 1:
+            return False
+        raise OptimisticLockingFailureError(
+            f"{what} is at version {found}, neither {version - 1} nor {version}: someone else "
+            f"wrote it"
+        )
 
     # --- plumbing ----------------------------------------------------------------------------
 
@@ -99,7 +236,7 @@ class JobRepository:
         if conn is not None:
             yield conn
         else:
-            with self.engine.connect() as own:
+            with self.reader.connect() as own:
                 yield own
 
     def _insert_id(self, conn: Connection, table: Any, pk: Any, values: dict[str, Any]) -> int:
@@ -133,6 +270,7 @@ class JobRepository:
                 raise
             return found
 
+    @_retried_read
     def get_job_instance(
         self, job_name: str, params: JobParameters, conn: Connection | None = None
     ) -> JobInstance | None:
@@ -141,6 +279,7 @@ class JobRepository:
             row = c.execute(stmt).first()
         return None if row is None else self._instance(row)
 
+    @_retried_read
     def get_job_instance_by_id(
         self, instance_id: int, conn: Connection | None = None
     ) -> JobInstance | None:
@@ -176,9 +315,15 @@ class JobRepository:
         params: JobParameters,
         context: ExecutionContext | None = None,
         conn: Connection | None = None,
+        *,
+        started: bool = False,
     ) -> JobExecution:
+        """A new execution of the instance, STARTING; with ``started``, already STARTED (its
+        start recorded in the creating transaction: ``start_recorded``)."""
         now = utcnow()
         context = context if context is not None else ExecutionContext()
+        status = BatchStatus.STARTED if started else BatchStatus.STARTING
+        exit_status = ExitStatus.EXECUTING if started else ExitStatus.UNKNOWN
         with self.transaction(conn) as c:
             new_id = self._insert_id(
                 c,
@@ -188,8 +333,9 @@ class JobRepository:
                     "version": 0,
                     "job_instance_id": job_instance.id,
                     "create_time": now,
-                    "status": BatchStatus.STARTING.value,
-                    "exit_code": ExitStatus.UNKNOWN.code,
+                    "start_time": now if started else None,
+                    "status": status.value,
+                    "exit_code": exit_status.code,
                     "exit_message": "",
                     "last_updated": now,
                 },
@@ -208,37 +354,27 @@ class JobRepository:
                         for name, p in params.parameters().items()
                     ],
                 )
-            c.execute(insert(_JC).values(job_execution_id=new_id, **_context_columns(context)))
-        context.clear_dirty()
+            text = context.to_json()
+            c.execute(insert(_JC).values(job_execution_id=new_id, **_context_columns(text)))
+        context.mark_saved(text)
         return JobExecution(
             id=new_id,
             job_instance=job_instance,
             parameters=params,
+            status=status,
+            exit_status=exit_status,
             create_time=now,
+            start_time=now if started else None,
             last_updated=now,
             execution_context=context,
+            start_recorded=started,
         )
 
     def update_job_execution(self, execution: JobExecution, conn: Connection | None = None) -> None:
         now = utcnow()
-        stmt = (
-            update(_JE)
-            .where(
-                _JE.c.job_execution_id == execution.id,
-                _JE.c.version == execution.version,
-            )
-            .values(
-                version=_JE.c.version + 1,
-                start_time=execution.start_time,
-                end_time=execution.end_time,
-                status=execution.status.value,
-                exit_code=_clip(execution.exit_status.code),
-                exit_message=_clip(execution.exit_status.description),
-                last_updated=now,
-            )
-        )
         with self.transaction(conn) as c:
-            if c.execute(stmt).rowcount != 1:
+            stmt = _UPDATE_RUNNING_JOB if execution.status in _KEEPS_STOPPING else _UPDATE_JOB
+            if c.execute(stmt, _execution_values(execution, now)).rowcount != 1:
                 raise OptimisticLockingFailureError(
                     f"job execution {execution.id} (version {execution.version}) was updated by "
                     f"someone else or no longer exists; reload it before updating"
@@ -249,18 +385,15 @@ class JobRepository:
     def update_job_execution_context(
         self, execution: JobExecution, conn: Connection | None = None
     ) -> None:
-        stmt = (
-            update(_JC)
-            .where(_JC.c.job_execution_id == execution.id)
-            .values(**_context_columns(execution.execution_context))
-        )
+        text = execution.execution_context.to_json()
         with self.transaction(conn) as c:
-            if c.execute(stmt).rowcount != 1:
+            if c.execute(_UPDATE_JOB_CONTEXT, _context_values(execution.id, text)).rowcount != 1:
                 raise OptimisticLockingFailureError(
                     f"the context of job execution {execution.id} no longer exists"
                 )
-        execution.execution_context.clear_dirty()
+        execution.execution_context.mark_saved(text)
 
+    @_retried_read
     def get_job_execution(
         self, execution_id: int, conn: Connection | None = None
     ) -> JobExecution | None:
@@ -268,6 +401,7 @@ class JobRepository:
             found = self._job_executions(c, _JE.c.job_execution_id == execution_id)
         return found[0] if found else None
 
+    @_retried_read
     def get_job_executions(
         self, job_instance: JobInstance, conn: Connection | None = None
     ) -> list[JobExecution]:
@@ -275,6 +409,7 @@ class JobRepository:
         with self._read(conn) as c:
             return self._job_executions(c, _JE.c.job_instance_id == job_instance.id)
 
+    @_retried_read
     def get_last_job_execution(
         self, job_name: str, params: JobParameters, conn: Connection | None = None
     ) -> JobExecution | None:
@@ -285,6 +420,21 @@ class JobRepository:
             found = self._job_executions(c, _JE.c.job_instance_id == instance.id, limit=1)
         return found[0] if found else None
 
+    @_retried_read
+    def get_last_job_instance_execution(
+        self, job_name: str, conn: Connection | None = None
+    ) -> JobExecution | None:
+        """The newest execution of the job's newest instance (what an incrementer reads)."""
+        with self._read(conn) as c:
+            newest = c.execute(
+                select(func.max(_JI.c.job_instance_id)).where(_JI.c.job_name == job_name)
+            ).scalar_one_or_none()
+            if newest is None:
+                return None
+            found = self._job_executions(c, _JE.c.job_instance_id == newest, limit=1)
+        return found[0] if found else None
+
+    @_retried_read
     def find_running_job_executions(
         self, job_instance: JobInstance, conn: Connection | None = None
     ) -> list[JobExecution]:
@@ -295,6 +445,26 @@ class JobRepository:
                 _JE.c.status.in_(_RUNNING),
             )
 
+    @_retried_read
+    def find_failed_for(
+        self, job_name: str, exit_codes: Sequence[str], conn: Connection | None = None
+    ) -> list[JobExecution]:
+        """The newest execution of each instance of ``job_name`` when it ended FAILED with one
+        of ``exit_codes`` (what an automatic restart looks for)."""
+        newer = _JE.alias("newer")
+        with self._read(conn) as c:
+            return self._job_executions(
+                c,
+                _JI.c.job_name == job_name,
+                _JE.c.status == BatchStatus.FAILED.value,
+                _JE.c.exit_code.in_(list(exit_codes)),
+                ~exists().where(
+                    newer.c.job_instance_id == _JE.c.job_instance_id,
+                    newer.c.job_execution_id > _JE.c.job_execution_id,
+                ),
+            )
+
+    @_retried_read
     def count_job_executions(
         self, job_instance: JobInstance, conn: Connection | None = None
     ) -> int:
@@ -326,7 +496,7 @@ class JobRepository:
             return []
         ids = [int(r._mapping["job_execution_id"]) for r in rows]
         params: dict[int, dict[str, JobParameter]] = {i: {} for i in ids}
-        for batch in _batches(ids):
+        for batch in in_batches(ids):
             for p in c.execute(
                 select(_JP)
                 .where(_JP.c.job_execution_id.in_(batch))
@@ -364,16 +534,23 @@ class JobRepository:
         step_name: str,
         context: ExecutionContext | None = None,
         conn: Connection | None = None,
+        *,
+        started: bool = False,
     ) -> StepExecution:
-        return self.create_step_executions(job_execution, [(step_name, context)], conn)[0]
+        return self.create_step_executions(
+            job_execution, [(step_name, context)], conn, started=started
+        )[0]
 
     def create_step_executions(
         self,
         job_execution: JobExecution,
         steps: Sequence[tuple[str, ExecutionContext | None]],
         conn: Connection | None = None,
+        *,
+        started: bool = False,
     ) -> list[StepExecution]:
-        """Insert many step executions (e.g. a step's partitions) and their contexts in bulk."""
+        """Insert many step executions (e.g. a step's partitions) and their contexts in bulk;
+        with ``started``, already STARTED (``start_recorded``: the step writes no start)."""
         if not steps:
             return []
         names = [name for name, _ in steps]
@@ -386,7 +563,8 @@ class JobRepository:
                 "step_name": name,
                 "job_execution_id": job_execution.id,
                 "create_time": now,
-                "status": BatchStatus.STARTING.value,
+                "start_time": now if started else None,
+                "status": (BatchStatus.STARTED if started else BatchStatus.STARTING).value,
                 "exit_code": ExitStatus.EXECUTING.code,
                 "exit_message": "",
                 "last_updated": now,
@@ -410,7 +588,7 @@ class JobRepository:
             else:
                 c.execute(insert(_SE), rows)
                 by_name: dict[str, int] = {}
-                for batch in _batches(names):
+                for batch in in_batches(names):
                     for row in c.execute(
                         select(_SE.c.step_execution_id, _SE.c.step_name).where(
                             _SE.c.job_execution_id == job_execution.id,
@@ -420,24 +598,29 @@ class JobRepository:
                         by_name[row[1]] = max(by_name.get(row[1], 0), int(row[0]))
                 ids = [by_name[name] for name in names]
             contexts = [ctx if ctx is not None else ExecutionContext() for _, ctx in steps]
+            texts = [ctx.to_json() for ctx in contexts]
             c.execute(
                 insert(_SC),
                 [
-                    {"step_execution_id": i, **_context_columns(ctx)}
-                    for i, ctx in zip(ids, contexts, strict=True)
+                    {"step_execution_id": i, **_context_columns(text)}
+                    for i, text in zip(ids, texts, strict=True)
                 ],
             )
         result = []
-        for step_id, name, ctx in zip(ids, names, contexts, strict=True):
-            ctx.clear_dirty()
+        for step_id, name, ctx, text in zip(ids, names, contexts, texts, strict=True):
+            ctx.mark_saved(text)
             result.append(
                 StepExecution(
                     id=step_id,
                     step_name=name,
                     job_execution=job_execution,
+                    status=BatchStatus.STARTED if started else BatchStatus.STARTING,
                     create_time=now,
+                    start_time=now if started else None,
                     last_updated=now,
                     execution_context=ctx,
+                    start_recorded=started,
+                    fresh=True,
                 )
             )
         return result
@@ -447,34 +630,14 @@ class JobRepository:
     ) -> None:
         """Persist status, exit status, times and counters; bumps ``version``."""
         now = utcnow()
-        where = [_SE.c.step_execution_id == execution.id, _SE.c.version == execution.version]
-        if execution.write_guard is not None:
-            where.append(execution.write_guard)
-        stmt = (
-            update(_SE)
-            .where(*where)
-            .values(
-                version=_SE.c.version + 1,
-                start_time=execution.start_time,
-                end_time=execution.end_time,
-                status=execution.status.value,
-                exit_code=_clip(execution.exit_status.code),
-                exit_message=_clip(execution.exit_status.description),
-                last_updated=now,
-                **execution.counters(),
-            )
-        )
+        values = _execution_values(execution, now)
+        for name in COUNTER_NAMES:
+            values[f"b_{name}"] = getattr(execution, name)
         with self.transaction(conn) as c:
-            if c.execute(stmt).rowcount != 1:
-                guard = (
-                    " or its write guard no longer holds"
-                    if execution.write_guard is not None
-                    else ""
-                )
+            if c.execute(_UPDATE_STEP, values).rowcount != 1:
                 raise OptimisticLockingFailureError(
                     f"step execution {execution.id} ({execution.step_name!r}, version "
-                    f"{execution.version}) was updated by someone else{guard}; "
-                    f"this update was refused"
+                    f"{execution.version}) was updated by someone else; this update was refused"
                 )
         execution.version += 1
         execution.last_updated = now
@@ -482,18 +645,76 @@ class JobRepository:
     def update_step_execution_context(
         self, execution: StepExecution, conn: Connection | None = None
     ) -> None:
-        where = [_SC.c.step_execution_id == execution.id]
-        if execution.write_guard is not None:
-            where.append(execution.write_guard)
-        stmt = update(_SC).where(*where).values(**_context_columns(execution.execution_context))
+        text = execution.execution_context.to_json()
         with self.transaction(conn) as c:
-            if c.execute(stmt).rowcount != 1:
+            if c.execute(_UPDATE_STEP_CONTEXT, _context_values(execution.id, text)).rowcount != 1:
                 raise OptimisticLockingFailureError(
                     f"the context of step execution {execution.id} ({execution.step_name!r}) "
-                    f"could not be updated: the row is gone or its write guard no longer holds"
+                    f"no longer exists"
                 )
-        execution.execution_context.clear_dirty()
+        execution.execution_context.mark_saved(text)
 
+    def fail_running(
+        self,
+        message: str,
+        conn: Connection,
+        *,
+        job_execution_id: int | None = None,
+        step_execution_id: int | None = None,
+        step_execution_ids: Sequence[int] | None = None,
+        exit_code: str = "FAILED",
+        status: BatchStatus = BatchStatus.FAILED,
+    ) -> int:
+        """Mark FAILED, from outside the process that ran it, what is still running: one step
+        execution, every step execution of a job execution, or (with only
+        ``job_execution_id`` and no steps wanted, see :meth:`fail_running_job`) nothing else.
+        Returns the rows changed. ``status`` STOPPED (with exit code STOPPED): the end of
+        partitions of a stopped job that no node runs. The caller holds the owner rows first
+        (the partition's, the job's coordination row), so no writer of these rows can be
+        mid-transaction."""
+        where = [_SE.c.status.in_(_RUNNING)]
+        if step_execution_id is not None:
+            where.append(_SE.c.step_execution_id == step_execution_id)
+        if step_execution_ids is not None:
+            where.append(_SE.c.step_execution_id.in_(list(step_execution_ids)))
+        if job_execution_id is not None:
+            where.append(_SE.c.job_execution_id == job_execution_id)
+        now = utcnow()
+        return conn.execute(
+            update(_SE)
+            .where(*where)
+            .values(
+                status=status.value,
+                exit_code=exit_code,
+                exit_message=message,
+                end_time=now,
+                last_updated=now,
+                version=_SE.c.version + 1,
+            )
+        ).rowcount
+
+    def fail_running_job(
+        self, job_execution_id: int, message: str, conn: Connection, exit_code: str = "FAILED"
+    ) -> bool:
+        """Mark a job execution FAILED if it is still running (see :meth:`fail_running`)."""
+        now = utcnow()
+        return (
+            conn.execute(
+                update(_JE)
+                .where(_JE.c.job_execution_id == job_execution_id, _JE.c.status.in_(_RUNNING))
+                .values(
+                    status=BatchStatus.FAILED.value,
+                    exit_code=exit_code,
+                    exit_message=message,
+                    end_time=now,
+                    last_updated=now,
+                    version=_JE.c.version + 1,
+                )
+            ).rowcount
+            == 1
+        )
+
+    @_retried_read
     def get_step_execution(
         self, execution_id: int, conn: Connection | None = None
     ) -> StepExecution | None:
@@ -508,19 +729,31 @@ class JobRepository:
             found = self._step_executions(c, job_execution, _SE.c.step_execution_id == execution_id)
         return found[0] if found else None
 
+    @_retried_read
+    def step_execution_exists(self, execution_id: int, conn: Connection | None = None) -> bool:
+        with self._read(conn) as c:
+            return (
+                c.execute(
+                    select(_SE.c.step_execution_id).where(_SE.c.step_execution_id == execution_id)
+                ).first()
+                is not None
+            )
+
+    @_retried_read
     def get_step_executions_by_ids(
         self, job_execution: JobExecution, ids: Sequence[int], conn: Connection | None = None
     ) -> list[StepExecution]:
         """Step executions of one job execution, reloaded, in the order of ``ids``."""
         found: dict[int, StepExecution] = {}
         with self._read(conn) as c:
-            for batch in _batches(list(ids)):
+            for batch in in_batches(ids):
                 for se in self._step_executions(
                     c, job_execution, _SE.c.step_execution_id.in_(batch)
                 ):
                     found[se.id] = se
         return [found[i] for i in ids if i in found]
 
+    @_retried_read
     def get_step_executions(
         self, job_execution: JobExecution, conn: Connection | None = None
     ) -> list[StepExecution]:
@@ -536,6 +769,7 @@ class JobRepository:
         """The newest execution of ``step_name`` in any execution of the instance."""
         return self.get_last_step_executions(job_instance, [step_name], conn).get(step_name)
 
+    @_retried_read
     def get_last_step_executions(
         self,
         job_instance: JobInstance,
@@ -548,7 +782,7 @@ class JobRepository:
         result: dict[str, StepExecution] = {}
         with self._read(conn) as c:
             jobs: dict[int, JobExecution] = {}
-            for batch in _batches(list(step_names)):
+            for batch in in_batches(step_names):
                 where = [
                     _JE.c.job_instance_id == job_instance.id,
                     _SE.c.step_name.in_(batch),
@@ -576,6 +810,7 @@ class JobRepository:
                         result[se.step_name] = se
         return result
 
+    @_retried_read
     def count_step_executions(
         self, job_instance: JobInstance, step_name: str, conn: Connection | None = None
     ) -> int:
@@ -587,6 +822,18 @@ class JobRepository:
         with self._read(conn) as c:
             return int(c.execute(stmt).scalar_one())
 
+    @staticmethod
+    def step_execution_from_row(row: Any, job_execution: JobExecution) -> StepExecution:
+        """A step execution from a row holding its columns and its context's (a claim reads
+        them with the partitions it won)."""
+        return StepExecution(
+            id=int(row["step_execution_id"]),
+            step_name=row["step_name"],
+            job_execution=job_execution,
+            **_execution_fields(row),
+            **{counter: int(row[counter]) for counter in COUNTER_NAMES},
+        )
+
     def _step_executions(
         self, c: Connection, job_execution: JobExecution, *where: Any
     ) -> list[StepExecution]:
@@ -596,16 +843,7 @@ class JobRepository:
             .where(*where)
             .order_by(_SE.c.step_execution_id)
         )
-        result = []
-        for row in c.execute(stmt).all():
-            m = row._mapping
-            result.append(
-                StepExecution(
-                    id=int(m["step_execution_id"]),
-                    step_name=m["step_name"],
-                    job_execution=job_execution,
-                    **_execution_fields(m),
-                    **{counter: int(m[counter]) for counter in COUNTER_NAMES},
-                )
-            )
-        return result
+        return [
+            self.step_execution_from_row(row._mapping, job_execution)
+            for row in c.execute(stmt).all()
+        ]

@@ -123,6 +123,12 @@ EXIT_COMPLETED = ExitStatus("COMPLETED")
 EXIT_NOOP = ExitStatus("NOOP")
 EXIT_FAILED = ExitStatus("FAILED")
 EXIT_STOPPED = ExitStatus("STOPPED")
+#: Failed for a cluster reason, not the job's own: its master was lost and a survivor abandoned
+#: it, or a partition was lost with its node (or no node was left to run it). Jobs with an
+#: auto-restart policy are restarted after these.
+EXIT_ABANDONED = "ABANDONED"
+EXIT_NODE_LOST = "NODE_LOST"
+CLUSTER_EXIT_CODES = (EXIT_ABANDONED, EXIT_NODE_LOST)
 
 ExitStatus.UNKNOWN = EXIT_UNKNOWN
 ExitStatus.EXECUTING = EXIT_EXECUTING

@@ -5,19 +5,21 @@ from __future__ import annotations
 import logging
 import traceback
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Connection
 
 from dbcluster.batch.domain import StepExecution, utcnow
 from dbcluster.batch.listeners import call_listeners
+from dbcluster.batch.observe import observers
 from dbcluster.batch.status import BatchStatus, ExitStatus
 
 if TYPE_CHECKING:
     from dbcluster.batch.runtime import BatchRuntime
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def describe_failure(error: BaseException) -> str:
@@ -31,6 +33,103 @@ def persist_step(step_execution: StepExecution, runtime: BatchRuntime, conn: Con
     if step_execution.execution_context.dirty:
         repository.update_step_execution_context(step_execution, conn)
     repository.update_step_execution(step_execution, conn)
+
+
+def conclude_step(step_execution: StepExecution) -> None:
+    """The outcome of a step whose work returned: COMPLETED, or STOPPED when asked to stop."""
+    se = step_execution
+    if se.status.is_running:
+        se.status = BatchStatus.STOPPED if se.should_stop else BatchStatus.COMPLETED
+    if se.exit_status.code == "EXECUTING":
+        se.exit_status = ExitStatus.from_batch_status(se.status)
+
+
+def close_step(step_execution: StepExecution) -> None:
+    """Ready a step's final write: its end time, and its context if the database does not hold
+    it as it is (a value mutated in place leaves no dirty flag behind)."""
+    se = step_execution
+    se.end_time = utcnow()
+    if se.execution_context.changed():
+        se.execution_context.dirty = True
+
+
+_CHUNK_POINTS = ("chunk.before_commit",)
+_FINAL_POINTS = ("step.before_final_commit",)
+_LAST_CHUNK_POINTS = ("chunk.before_commit", "step.before_final_commit")
+
+
+def commit_step(
+    step_execution: StepExecution,
+    runtime: BatchRuntime,
+    work: Callable[[Connection], T] | None = None,
+    *,
+    final: bool = False,
+    ends: Callable[[T], bool] | None = None,
+) -> T | None:
+    """One transaction of a step: ``work(conn)`` (the step's own writes: a chunk, a tasklet
+    call), then the step's fence, then its counters and context; committed together.
+
+    The fence comes after the work and before the bookkeeping: it holds the owner row (a
+    partition's, or the job's coordination row) from there to ``COMMIT`` and keeps the lock
+    order every dbcluster transaction follows (owner row, then step execution rows). A final
+    transaction records the step's end with its fence (``finish``) instead of only holding it.
+
+    ``ends(result)`` is asked after ``work``: when it answers True, this transaction is also
+    the step's last (its outcome concluded, its end recorded with its fence) and
+    ``end_recorded`` is set once it commits: one transaction where there would be two. Only a
+    step without ``after_step`` listeners may end so (they could change the outcome).
+
+    Transient errors repeat the whole transaction from the state it started in; an unclear
+    commit is judged from the step execution's version. On any other failure the in-memory
+    state is restored and the error raised.
+    """
+    se = step_execution
+    repository = runtime.repository
+    before = se.snapshot()
+    tries = 0
+    ending = final
+
+    def body(conn: Connection) -> T | None:
+        nonlocal tries, ending
+        if tries:
+            se.restore(before)
+        tries += 1
+        ending = final
+        result = work(conn) if work is not None else None
+        if not final and ends is not None and ends(result):  # type: ignore[arg-type]
+            conclude_step(se)
+            close_step(se)
+            ending = True
+        if se.fence is not None:
+            if ending:
+                se.fence.finish(conn, se)
+            else:
+                se.fence.hold(conn)
+        persist_step(se, runtime, conn)
+        return result
+
+    def points() -> tuple[str, ...]:
+        if final:
+            return _FINAL_POINTS
+        return _LAST_CHUNK_POINTS if ending else _CHUNK_POINTS
+
+    try:
+        result = repository.transactions.run(
+            body,
+            verify=repository.step_version_is(se, before["version"] + 1),
+            point=points,
+            what=f"step {se.step_name!r} (execution {se.id})",
+            step_execution=se,
+            final=final,
+        )
+    except BaseException:
+        se.restore(before)
+        raise
+    if ending and not final:
+        se.end_recorded = True
+    if work is not None:
+        observers.chunk_committed(se)
+    return result
 
 
 class Step(ABC):
@@ -62,28 +161,41 @@ class Step(ABC):
         """Run the step and persist its final status, counters and context.
 
         A failure inside the step ends it FAILED (it is recorded, not raised). What is raised is a
-        failure to persist the outcome, e.g. ``OptimisticLockingFailureError`` when the execution's
-        write guard no longer holds.
+        failure to persist the outcome, e.g. :class:`~dbcluster.batch.fence.FencedError` when the
+        execution lost its fence (then nothing of it commits any more).
         """
         se = step_execution
-        repository = runtime.repository
-        se.start_time = utcnow()
-        se.status = BatchStatus.STARTED
-        se.exit_status = ExitStatus.EXECUTING
-        repository.update_step_execution(se)
+        if not se.start_recorded:
+            # A step resumed (by a master that took over its job, or a partition tried again)
+            # keeps the time it first started.
+            if se.start_time is None:
+                se.start_time = utcnow()
+            se.status = BatchStatus.STARTED
+            se.exit_status = ExitStatus.EXECUTING
+            commit_step(se, runtime)
+        observers.step_started(se)
         log.debug("step %s (execution %s) started", se.step_name, se.id)
         try:
             call_listeners(self.listeners, "before_step", se)
-            self.do_execute(se, runtime)
-            if se.status.is_running:
-                se.status = BatchStatus.STOPPED if se.terminate_only else BatchStatus.COMPLETED
-            if se.exit_status.code == "EXECUTING":
-                se.exit_status = ExitStatus.from_batch_status(se.status)
+            # A step that a stopping job has only just created does no work (it ends STOPPED; a
+            # restart runs it). One resumed after a takeover still runs: its partitions placed
+            # before must be seen to their end.
+            if not (se.fresh and se.should_stop):
+                self.do_execute(se, runtime)
+            if se.end_recorded:
+                observers.step_ended(se, None)
+                log.debug("step %s (execution %s) ended %s", se.step_name, se.id, se.status.value)
+                return
+            conclude_step(se)
         except Exception as error:
             log.warning("step %s (execution %s) failed: %s", se.step_name, se.id, error)
             se.failure_exceptions.append(error)
             se.status = BatchStatus.FAILED
-            se.exit_status = ExitStatus.FAILED.with_description(describe_failure(error))
+            code = getattr(error, "exit_code", None)
+            se.exit_status = ExitStatus(
+                code if isinstance(code, str) else ExitStatus.FAILED.code,
+                describe_failure(error),
+            )
         try:
             for exit_status in call_listeners(self.listeners, "after_step", se):
                 if exit_status is not None:
@@ -95,18 +207,19 @@ class Step(ABC):
             se.exit_status = se.exit_status.and_(
                 ExitStatus.FAILED.with_description(describe_failure(error))
             )
-        se.end_time = utcnow()
-        with repository.engine.begin() as conn:
-            se.execution_context.dirty = True
-            persist_step(se, runtime, conn)
-            if se.on_final_commit is not None:
-                se.on_final_commit(conn)
+        close_step(se)
+        try:
+            commit_step(se, runtime, final=True)
+        except BaseException as error:
+            observers.step_ended(se, error)
+            raise
+        observers.step_ended(se, None)
         log.debug("step %s (execution %s) ended %s", se.step_name, se.id, se.status.value)
 
     @abstractmethod
     def do_execute(self, step_execution: StepExecution, runtime: BatchRuntime) -> None:
         """The step's work. Raise to fail; set ``step_execution.status`` to end otherwise than
-        COMPLETED; return at a boundary when ``step_execution.terminate_only`` is set."""
+        COMPLETED; return at a boundary when ``step_execution.should_stop``."""
 
     def steps(self) -> list[Step]:
         """This step and every step nested in it (partition workers)."""

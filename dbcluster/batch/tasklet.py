@@ -6,9 +6,11 @@ from collections.abc import Callable, Sequence
 from enum import Enum
 from typing import TYPE_CHECKING, Any, overload
 
+from sqlalchemy import Connection
+
 from dbcluster.batch.domain import StepExecution
 from dbcluster.batch.scope import ChunkContext
-from dbcluster.batch.step import Step, persist_step
+from dbcluster.batch.step import Step, commit_step
 
 if TYPE_CHECKING:
     from dbcluster.batch.runtime import BatchRuntime
@@ -42,15 +44,19 @@ class TaskletStep(Step):
 
     def do_execute(self, step_execution: StepExecution, runtime: BatchRuntime) -> None:
         se = step_execution
-        while not se.terminate_only:
-            snapshot = se.snapshot()
+
+        def call(conn: Connection) -> TaskletResult:
+            result = self.tasklet(ChunkContext(conn, se, runtime))
+            se.commit_count += 1
+            return result
+
+        # Without after_step listeners nothing can change the outcome once the tasklet says it
+        # is finished, so its last call also records the step's end (one transaction less).
+        ends = None if self.listeners else is_finished
+        while not se.should_stop:
             try:
-                with runtime.repository.engine.begin() as conn:
-                    result = self.tasklet(ChunkContext(conn, se, runtime))
-                    se.commit_count += 1
-                    persist_step(se, runtime, conn)
+                result = commit_step(se, runtime, call, ends=ends)
             except Exception:
-                se.restore(snapshot)
                 se.rollback_count += 1
                 raise
             if is_finished(result):

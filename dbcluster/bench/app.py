@@ -1,12 +1,15 @@
 """The benchmark application: a no-op partitioned job and a chunk job.
 
 Imported by the benchmark's worker processes (``--app dbcluster.bench.app:registry``); when
-``DBCLUSTER_BENCH_COUNTS`` names a file, the process counts its statements into it.
+``DBCLUSTER_BENCH_COUNTS`` names a file, the process counts its statements into it, and its
+SQLite round trips too when ``DBCLUSTER_BENCH_TRACE`` is set.
 """
 
 from __future__ import annotations
 
 import os
+
+from sqlalchemy import BigInteger, Column, MetaData, String, Table, insert
 
 from dbcluster.batch import (
     IntegerRangePartitioner,
@@ -21,6 +24,8 @@ from dbcluster.bench import counting
 
 if os.environ.get("DBCLUSTER_BENCH_COUNTS"):
     counting.install()
+    if os.environ.get("DBCLUSTER_BENCH_TRACE"):
+        counting.install_trace()
     counting.start_dumping(os.environ["DBCLUSTER_BENCH_COUNTS"])
 
 
@@ -36,10 +41,38 @@ def noop_job(partitions: int, name: str = "noop") -> Job:
     return Job(name, [PartitionStep(f"{name}.master", NOOP_WORKER, partitioner)])
 
 
+#: The user table of the drain scenario: one row per partition.
+drain_metadata = MetaData()
+drain_rows = Table(
+    "bench_drain",
+    drain_metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=False),
+    Column("name", String(100), nullable=False),
+)
+_INSERT_DRAIN_ROW = insert(drain_rows)
+
+
+def insert_one(ctx: ChunkContext) -> RepeatStatus:
+    """The drain task's body: one INSERT, in the step's own transaction."""
+    ctx.connection.execute(
+        _INSERT_DRAIN_ROW, {"id": ctx.step_execution.id, "name": ctx.step_execution.step_name}
+    )
+    return RepeatStatus.FINISHED
+
+
+DRAIN_WORKER = TaskletStep("drain.worker", insert_one)
+
+
+def drain_job(partitions: int) -> Job:
+    partitioner = IntegerRangePartitioner(0, partitions, partitions=partitions, prefix="d-")
+    return Job("drain", [PartitionStep("drain.master", DRAIN_WORKER, partitioner)])
+
+
 def build_registry(partitions: int = 1000) -> JobRegistry:
-    registry = JobRegistry(steps=[NOOP_WORKER])
+    registry = JobRegistry(steps=[NOOP_WORKER, DRAIN_WORKER])
     registry.register(noop_job(partitions))
     registry.register(noop_job(1, "noop-one"))
+    registry.register(drain_job(partitions))
     return registry
 
 

@@ -24,11 +24,25 @@ def _machine() -> dict[str, Any]:
 
 
 def _flatten(prefix: str, value: Any, out: list[tuple[str, str]]) -> None:
+    """Dotted rows for the text report; ``*detail*`` keys are left to ``--json``."""
     if isinstance(value, dict):
         for key, inner in value.items():
-            _flatten(f"{prefix}.{key}" if prefix else str(key), inner, out)
+            if "detail" not in str(key):
+                _flatten(f"{prefix}.{key}" if prefix else str(key), inner, out)
     else:
         out.append((prefix, str(value)))
+
+
+def _counts(option: str, value: str, example: str) -> tuple[int, ...]:
+    try:
+        found = tuple(int(n) for n in value.split(","))
+    except ValueError:
+        found = ()
+    if not found or min(found) < 1:
+        raise ConfigurationError(
+            f"{option} must be positive integers like {example}, not {value!r}"
+        )
+    return found
 
 
 @click.command()
@@ -45,6 +59,40 @@ def _flatten(prefix: str, value: Any, out: list[tuple[str, str]]) -> None:
 @click.option("--scale-nodes", default="2,5,10,20", show_default=True, help="scale: node counts.")
 @click.option("--scale-partitions", default=400, show_default=True, help="scale: partitions.")
 @click.option("--chunk-rows", default=1_000_000, show_default=True, help="chunk: table rows.")
+@click.option(
+    "--drain-partitions", default=2000, show_default=True, help="drain: one-INSERT partitions."
+)
+@click.option("--drain-workers", default=2, show_default=True, help="drain: worker processes.")
+@click.option(
+    "--drain-concurrency", default=4, show_default=True, help="drain: partitions per worker."
+)
+@click.option(
+    "--baseline-threads",
+    default=8,
+    show_default=True,
+    help="drain: threads of the hand-written baseline.",
+)
+@click.option(
+    "--ceiling-nodes",
+    default="50,200,500,1000",
+    show_default=True,
+    help="ceiling: simulated node counts.",
+)
+@click.option(
+    "--ceiling-seconds", default=30.0, show_default=True, help="ceiling: measuring window."
+)
+@click.option(
+    "--ceiling-processes",
+    type=click.IntRange(min=1),
+    help="ceiling: load-generator processes (default: one per core).",
+)
+@click.option(
+    "--counting/--no-counting",
+    default=True,
+    show_default=True,
+    help="Repeat the partition scenarios through the round-trip counter (wire proxy, or "
+    "SQLite's trace) for round trips and commits per partition.",
+)
 def bench(
     url: str | None,
     scenarios: tuple[str, ...],
@@ -57,10 +105,23 @@ def bench(
     scale_nodes: str,
     scale_partitions: int,
     chunk_rows: int,
+    drain_partitions: int,
+    drain_workers: int,
+    drain_concurrency: int,
+    baseline_threads: int,
+    ceiling_nodes: str,
+    ceiling_seconds: float,
+    ceiling_processes: int | None,
+    counting: bool,
 ) -> None:
     """Measure coordination cost, latency, failover time and the ceiling on your database.
 
-    SCENARIOS: overhead, latency, failover, idle, scale, chunk (default: all)."""
+    SCENARIOS: overhead, drain, latency, failover, idle, scale, chunk, ceiling (default: all).
+
+    Timings come from direct runs; round trips (every one the driver makes: BEGIN, COMMIT,
+    ROLLBACK, pings, each row sent on its own) from a second, counting pass of the same sizes
+    through a wire-protocol proxy (PostgreSQL, MySQL, MariaDB) or SQLite's statement trace.
+    The ceiling scenario reads the server's own counters instead."""
     from dbcluster.bench.scenarios import SCENARIOS, Params
     from dbcluster.dialects import provider_for_url, safe_url
 
@@ -71,12 +132,8 @@ def bench(
         )
     if url is not None:
         provider_for_url(url)  # a clear error for a bad URL before anything starts
-    try:
-        nodes = tuple(int(n) for n in scale_nodes.split(","))
-    except ValueError:
-        raise ConfigurationError(
-            f"--scale-nodes must be integers like 2,5,10,20, not {scale_nodes!r}"
-        ) from None
+    nodes = _counts("--scale-nodes", scale_nodes, "2,5,10,20")
+    simulated = _counts("--ceiling-nodes", ceiling_nodes, "50,200,500,1000")
     params = Params(
         partitions=partitions,
         workers=workers,
@@ -86,7 +143,16 @@ def bench(
         scale_nodes=nodes,
         scale_partitions=scale_partitions,
         chunk_rows=chunk_rows,
+        drain_partitions=drain_partitions,
+        drain_workers=drain_workers,
+        drain_concurrency=drain_concurrency,
+        baseline_threads=baseline_threads,
+        ceiling_nodes=simulated,
+        ceiling_seconds=ceiling_seconds,
+        counting=counting,
     )
+    if ceiling_processes is not None:
+        params.ceiling_processes = ceiling_processes
     chosen = list(scenarios) or list(SCENARIOS)
     report: dict[str, Any] = {
         "database": safe_url(url) if url else "sqlite (temporary file)",
@@ -101,7 +167,7 @@ def bench(
         report["scenarios"][name] = figures
         if not as_json:
             rows: list[tuple[str, str]] = []
-            _flatten("", {k: v for k, v in figures.items() if "detail" not in k}, rows)
+            _flatten("", figures, rows)
             click.echo(f"\n== {name}")
             width = max(len(k) for k, _ in rows)
             for key, value in rows:

@@ -1,7 +1,12 @@
-"""Counts the SQL statements a process sends, by what they touch.
+"""Counts the SQL statements a process executes through SQLAlchemy, by what they touch.
 
 Installed on the :class:`~sqlalchemy.engine.Engine` class, so every engine of the process counts.
-Worker processes started by the benchmark install it from the bench app module and write their
+This is the statement *breakdown* (which table, which verb); it misses what the driver sends on
+its own (``BEGIN``, ``ROLLBACK``, pool pings) and counts an executemany once: the honest round
+trips come from :mod:`dbcluster.bench.wire`. On SQLite, whose round trips cannot be seen on a
+wire, :func:`install_trace` adds the library's statement trace to the same process.
+
+Worker processes started by the benchmark install both from the bench app module and write their
 totals to a file (``DBCLUSTER_BENCH_COUNTS``) every few hundred milliseconds and at exit.
 """
 
@@ -12,6 +17,7 @@ import json
 import os
 import re
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -19,11 +25,15 @@ from typing import Any
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
+from dbcluster.bench.wire import SqliteTrace
+
 COORDINATION_TABLES = ("batch_partitions", "batch_nodes", "batch_job_coordination")
 
 _lock = threading.Lock()
 counts: Counter[str] = Counter()
 _installed = False
+#: SQLite's statement trace in this process, once :func:`install_trace` ran.
+trace: SqliteTrace | None = None
 
 
 _MAIN_TABLE = re.compile(
@@ -74,6 +84,14 @@ def install() -> None:
     _installed = True
 
 
+def install_trace() -> SqliteTrace:
+    """Trace every SQLite connection this process opens from now on."""
+    global trace
+    if trace is None:
+        trace = SqliteTrace().install()
+    return trace
+
+
 def snapshot() -> dict[str, int]:
     with _lock:
         return dict(counts)
@@ -85,9 +103,13 @@ def reset() -> None:
 
 
 def dump(path: str | Path) -> None:
+    """Write ``{"at": unix time, "statements": ..., "round_trips": ...}`` atomically."""
     target = Path(path)
     tmp = target.with_suffix(".tmp")
-    tmp.write_text(json.dumps(snapshot()))
+    round_trips = trace.counts.snapshot() if trace is not None else {}
+    tmp.write_text(
+        json.dumps({"at": time.time(), "statements": snapshot(), "round_trips": round_trips})
+    )
     os.replace(tmp, target)
 
 
@@ -104,8 +126,14 @@ def start_dumping(path: str, interval_s: float = 0.2) -> None:
     dump(path)
 
 
-def read(path: str | Path) -> dict[str, int]:
+def read_file(path: str | Path) -> dict[str, Any]:
+    """What :func:`dump` last wrote (empty before the first dump)."""
     try:
         return json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return {}
+
+
+def read(path: str | Path) -> dict[str, int]:
+    """The statement counts :func:`dump` last wrote."""
+    return read_file(path).get("statements", {})

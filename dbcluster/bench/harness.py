@@ -19,10 +19,12 @@ from sqlalchemy import Engine, select
 
 from dbcluster import schema
 from dbcluster.bench import counting
+from dbcluster.bench.wire import CountingProxy, RoundTrips, SqliteTrace, protocol_for_url
 from dbcluster.cluster.settings import ClusterSettings
 from dbcluster.dialects import make_engine
 from dbcluster.schema import nodes
 from dbcluster.testing.backends import _isolate
+from dbcluster.testing.waiting import wait_for
 
 APP = "dbcluster.bench.app:registry"
 
@@ -55,7 +57,11 @@ def scratch_database(url: str | None) -> Iterator[str]:
 def settings_env(settings: ClusterSettings) -> dict[str, str]:
     from dataclasses import fields
 
-    return {f"DBCLUSTER_{f.name.upper()}": str(getattr(settings, f.name)) for f in fields(settings)}
+    return {
+        f"DBCLUSTER_{f.name.upper()}": str(getattr(settings, f.name))
+        for f in fields(settings)
+        if getattr(settings, f.name) is not None
+    }
 
 
 @dataclass
@@ -67,6 +73,11 @@ class Worker:
     def counts(self) -> dict[str, int]:
         return counting.read(self.counts_path)
 
+    def round_trips(self) -> dict[str, int]:
+        """The SQLite round trips the worker traced (empty unless it traces)."""
+        found: dict[str, int] = counting.read_file(self.counts_path).get("round_trips", {})
+        return found
+
 
 @dataclass
 class WorkerPool:
@@ -74,13 +85,20 @@ class WorkerPool:
     settings: ClusterSettings
     folder: Path
     workers: list[Worker] = field(default_factory=list)
+    #: Extra environment of the worker processes (a counting pass's tracing switch).
+    env: dict[str, str] = field(default_factory=dict)
 
     def start(self, count: int, concurrency: int | None = None) -> list[Worker]:
         started = []
         for _ in range(count):
             index = len(self.workers)
             path = self.folder / f"worker-{index}.json"
-            env = {**os.environ, **settings_env(self.settings), "DBCLUSTER_BENCH_COUNTS": str(path)}
+            env = {
+                **os.environ,
+                **settings_env(self.settings),
+                **self.env,
+                "DBCLUSTER_BENCH_COUNTS": str(path),
+            }
             if concurrency is not None:
                 env["DBCLUSTER_CONCURRENCY_LIMIT"] = str(concurrency)
             process = subprocess.Popen(
@@ -125,6 +143,23 @@ class WorkerPool:
                 total[key] = total.get(key, 0) + value
         return total
 
+    def round_trips(self) -> dict[str, int]:
+        total: dict[str, int] = {}
+        for worker in self.workers:
+            for key, value in worker.round_trips().items():
+                total[key] = total.get(key, 0) + value
+        return total
+
+    def settle(self, timeout: float = 10) -> None:
+        """Wait until every live worker has written its counts after this call (they write
+        every 0.2 s), so that what they did before it is in their files."""
+        now = time.time()
+
+        def fresh() -> bool:
+            return all(counting.read_file(w.counts_path).get("at", 0) > now for w in self.alive())
+
+        wait_for(fresh, timeout, "the workers' counts", poll=0.02)
+
     def stop(self, timeout: float = 20) -> None:
         for worker in self.alive():
             worker.process.send_signal(signal.SIGTERM)
@@ -139,10 +174,82 @@ class WorkerPool:
 
 
 @contextmanager
-def worker_pool(url: str, settings: ClusterSettings) -> Iterator[WorkerPool]:
+def worker_pool(
+    url: str, settings: ClusterSettings, env: dict[str, str] | None = None
+) -> Iterator[WorkerPool]:
     with tempfile.TemporaryDirectory(prefix="dbcluster-bench-w-") as folder:
-        pool = WorkerPool(url, settings, Path(folder))
+        pool = WorkerPool(url, settings, Path(folder), env=dict(env or {}))
         try:
             yield pool
         finally:
             pool.stop()
+
+
+# --- counting passes ----------------------------------------------------------------------------
+
+
+@dataclass
+class Tap:
+    """Where a counting pass connects, and the round trips it counted, for the bench process
+    (the master, the baseline) and the worker processes apart.
+
+    Through the wire proxies on PostgreSQL, MySQL and MariaDB; through SQLite's statement trace
+    on SQLite (in this process, and in each worker, which writes it to its counts file)."""
+
+    #: URL for the bench process's engines in the counting pass.
+    url: str
+    #: URL for the worker processes.
+    worker_url: str
+    #: Extra environment for the worker processes.
+    worker_env: dict[str, str]
+    #: The bench process's round trips.
+    local: RoundTrips
+    #: The workers' round trips when a proxy counts them; None when they trace (SQLite).
+    remote: RoundTrips | None
+    #: What counted, for the report.
+    source: str
+
+    def worker_round_trips(self, pool: WorkerPool) -> dict[str, int]:
+        """The workers' round trips so far (settle the pool first when they trace)."""
+        if self.remote is not None:
+            return self.remote.snapshot()
+        return pool.round_trips()
+
+
+@contextmanager
+def counting_tap(url: str) -> Iterator[Tap | None]:
+    """A :class:`Tap` on the database behind ``url``, or None where no counter can see the
+    round trips (a server without a wire parser here)."""
+    protocol = protocol_for_url(url)
+    if protocol is not None:
+        with CountingProxy.for_url(url) as local, CountingProxy.for_url(url) as remote:
+            yield Tap(
+                url=local.url_for(url),
+                worker_url=remote.url_for(url),
+                worker_env={},
+                local=local.counts,
+                remote=remote.counts,
+                source=(
+                    f"a counting pass through a {protocol} wire-protocol proxy, same sizes, "
+                    "in this run; timings come from the direct pass"
+                ),
+            )
+        return
+    if url.startswith("sqlite"):
+        trace = SqliteTrace().install()
+        try:
+            yield Tap(
+                url=url,
+                worker_url=url,
+                worker_env={"DBCLUSTER_BENCH_TRACE": "1"},
+                local=trace.counts,
+                remote=None,
+                source=(
+                    "a counting pass with sqlite3's statement trace on every connection, same "
+                    "sizes, in this run; timings come from the direct pass"
+                ),
+            )
+        finally:
+            trace.remove()
+        return
+    yield None

@@ -1,4 +1,8 @@
-"""The benchmark scenarios. Each returns a dict of figures and cleans up after itself."""
+"""The benchmark scenarios. Each returns a dict of figures and cleans up after itself.
+
+Timings come from a direct run; the round trips of the scenarios that run partitions come from a
+second, counting pass of the same sizes in the same invocation (see :mod:`dbcluster.bench.wire`),
+because the counting proxy adds a hop to every message."""
 
 from __future__ import annotations
 
@@ -6,13 +10,14 @@ import signal
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from contextlib import nullcontext
 from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import (
     BigInteger,
     Column,
+    Engine,
     Integer,
     MetaData,
     Table,
@@ -31,14 +36,28 @@ from dbcluster.batch import (
     PartitionStep,
     SqlKeyRangeReader,
 )
+from dbcluster.batch.registry import JobRegistry
 from dbcluster.batch.scope import ChunkContext
 from dbcluster.bench import counting
-from dbcluster.bench.app import build_registry, sleepy_job
-from dbcluster.bench.harness import scratch_database, worker_pool
+from dbcluster.bench.app import build_registry, drain_metadata, drain_rows, sleepy_job
+from dbcluster.bench.ceiling import ceiling
+from dbcluster.bench.common import (
+    Meter,
+    Params,
+    cluster_run,
+    delta,
+    headline,
+    pct,
+    per,
+    round_trip_report,
+    wait,
+)
+from dbcluster.bench.drain import drain
+from dbcluster.bench.harness import Tap, counting_tap, scratch_database, worker_pool
+from dbcluster.bench.wire import summarize
 from dbcluster.cluster import Cluster, ClusterSettings
 from dbcluster.dialects import make_engine
 from dbcluster.schema import partitions, step_execution
-from dbcluster.testing.waiting import wait_for
 
 #: Thresholds for the failover scenario (short, so it finishes in seconds).
 FAILOVER_SETTINGS = ClusterSettings(
@@ -49,57 +68,22 @@ FAILOVER_SETTINGS = ClusterSettings(
     sweep_interval=500,
     master_check_interval=100,
     orphan_check_interval=500,
-    stranded_master_scan_interval=2000,
+    stranded_master_scan_interval=500,
     node_id_prefix="bench",
 )
 
 
-@dataclass
-class Params:
-    partitions: int = 1000
-    workers: int = 4
-    latency_runs: int = 50
-    idle_seconds: float = 15.0
-    idle_nodes: int = 4
-    scale_nodes: tuple[int, ...] = (2, 5, 10, 20)
-    scale_partitions: int = 400
-    #: Partitions each node runs at once in ``scale``: 20 nodes x (this + the node's own
-    #: coordination connections) must fit the server's connection limit.
-    scale_concurrency: int = 2
-    chunk_rows: int = 1_000_000
-    chunk_size: int = 1000
-    settings: ClusterSettings = field(default_factory=ClusterSettings.from_env)
-
-
-def _per(counts: dict[str, int], n: int) -> dict[str, float]:
-    return {k: round(v / n, 3) for k, v in counts.items() if not k.startswith(" ")}
-
-
-def _delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
-    return {k: after.get(k, 0) - before.get(k, 0) for k in set(after) | set(before)}
-
-
-def _add(*parts: dict[str, int]) -> dict[str, int]:
-    total: dict[str, int] = {}
-    for part in parts:
-        for k, v in part.items():
-            total[k] = total.get(k, 0) + v
-    return total
-
-
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
-    return ordered[index]
-
-
-def _wait(condition: Callable[[], Any], timeout: float, what: str) -> Any:
-    return wait_for(condition, timeout, what, poll=0.01)
-
-
 # --- overhead -----------------------------------------------------------------------------------
+
+
+def _local_run(
+    engine: Engine, registry: JobRegistry, threads: int, label: str
+) -> tuple[float, Any]:
+    started = time.perf_counter()
+    execution = JobLauncher(JobRepository(engine), LocalPartitionHandler(threads)).run(
+        registry.get_job("noop"), {"run": label}
+    )
+    return time.perf_counter() - started, execution
 
 
 def overhead(url: str | None, p: Params) -> dict[str, Any]:
@@ -107,57 +91,127 @@ def overhead(url: str | None, p: Params) -> dict[str, Any]:
     LocalPartitionHandler (K threads)."""
     settings = p.settings
     counting.install()
+    n = p.partitions
     with scratch_database(url) as db:
-        registry = build_registry(p.partitions)
+        registry = build_registry(n)
         engine = make_engine(db)
         counting.reset()
-        started = time.perf_counter()
-        local = JobLauncher(JobRepository(engine), LocalPartitionHandler(p.workers)).run(
-            registry.get_job("noop"), {"run": "local"}
-        )
-        local_s = time.perf_counter() - started
+        local_s, local = _local_run(engine, registry, p.workers, "local")
         local_counts = counting.snapshot()
-        with worker_pool(db, settings) as pool:
-            pool.start(p.workers)
-            pool.wait_registered(engine, p.workers)
-            before = pool.counts()
-            counting.reset()
-            with Cluster(engine, registry, settings, work=False) as cluster:
-                started = time.perf_counter()
-                execution = cluster.launch("noop", {"run": "cluster"})
-                cluster_s = time.perf_counter() - started
-                master_counts = counting.snapshot()
-            time.sleep(0.5)  # the workers' last counts reach their files
-            worker_counts = _delta(pool.counts(), before)
+        run = cluster_run(
+            db, engine, registry, settings, "noop", {"run": "cluster"}, workers=p.workers
+        )
+        round_trips: dict[str, Any] = {}
+        if p.counting:
+            with counting_tap(db) as tap:
+                local_meter = Meter(tap)
+                if tap is not None:
+                    tap_engine = make_engine(tap.url)
+                    with local_meter:
+                        _local_run(tap_engine, registry, p.workers, "local-counted")
+                    tap_engine.dispose()
+                counted = cluster_run(
+                    db,
+                    engine,
+                    registry,
+                    settings,
+                    "noop",
+                    {"run": "cluster-counted"},
+                    workers=p.workers,
+                    tap=tap,
+                )
+                round_trips = {
+                    "cluster": round_trip_report(tap, counted.meter, n, "partition"),
+                    "local": round_trip_report(tap, local_meter, n, "partition"),
+                }
         engine.dispose()
     # The idle traffic of the workers during the run (heartbeats, sweeps) is included.
-    cluster_counts = _add(worker_counts, master_counts)
-    n = p.partitions
+    cluster_counts = run.statements
     extra = (cluster_counts.get("total", 0) - local_counts.get("total", 0)) / n
-    return {
+    out: dict[str, Any] = {
         "partitions": n,
         "workers": p.workers,
         "local": {
             "status": local.status.value,
             "wall_s": round(local_s, 3),
             "partitions_per_s": round(n / local_s, 1),
-            "statements_per_partition": _per(local_counts, n),
+            **headline(round_trips.get("local", {}), "partition"),
+            "statements_per_partition": per(local_counts, n),
         },
         "cluster": {
-            "status": execution.status.value,
-            "wall_s": round(cluster_s, 3),
-            "partitions_per_s": round(n / cluster_s, 1),
-            "statements_per_partition": _per(cluster_counts, n),
+            "status": run.execution.status.value,
+            "wall_s": round(run.seconds, 3),
+            "partitions_per_s": round(n / run.seconds, 1),
+            **headline(round_trips.get("cluster", {}), "partition"),
+            "statements_per_partition": per(cluster_counts, n),
             "statement_detail_per_partition": {
                 k.strip(): round(v / n, 3) for k, v in cluster_counts.items() if k.startswith(" ")
             },
         },
         "extra_statements_per_partition": round(extra, 3),
-        "throughput_ratio_cluster_to_local": round(local_s / cluster_s, 3),
+        "throughput_ratio_cluster_to_local": round(local_s / run.seconds, 3),
     }
+    if round_trips:
+        out["round_trips"] = round_trips
+    return out
 
 
 # --- latency ------------------------------------------------------------------------------------
+
+
+def insert_transaction_ms(engine: Engine, runs: int) -> list[float]:
+    """Milliseconds of a hand-written one-row INSERT, each in its own transaction, on a warm
+    connection: the floor of making anything visible in this database."""
+    drain_metadata.create_all(engine)
+    times = []
+    with engine.connect() as conn:
+        for i in range(runs):
+            started = time.perf_counter()
+            with conn.begin():
+                conn.execute(insert(drain_rows), {"id": -1 - i, "name": "floor"})
+            times.append((time.perf_counter() - started) * 1000)
+        with conn.begin():
+            conn.execute(drain_rows.delete())
+    return times
+
+
+def _launches(
+    db: str,
+    engine: Engine,
+    registry: JobRegistry,
+    settings: ClusterSettings,
+    runs: int,
+    label: str,
+    tap: Tap | None = None,
+) -> tuple[list[float], list[float], Meter]:
+    """Launch the one-partition job ``runs`` times on 2 idle worker processes: seconds from
+    launch to the partition's start and to the job's end, and the round trips of the launches."""
+    start_lat, done_lat = [], []
+    with worker_pool(
+        tap.worker_url if tap else db, settings, tap.worker_env if tap else {}
+    ) as pool:
+        pool.start(2)
+        pool.wait_registered(engine, 2)
+        master_engine = make_engine(tap.url) if tap else engine
+        with Cluster(master_engine, registry, settings, work=False, take_over=False) as cluster:
+            meter = Meter(tap, pool)
+            for run in range(runs):
+                launched = datetime.now(UTC).replace(tzinfo=None)
+                t0 = time.perf_counter()
+                with meter:
+                    execution = cluster.launch("noop-one", {"run": f"{label}-{run}"})
+                done_lat.append(time.perf_counter() - t0)
+                with engine.connect() as conn:
+                    started = conn.execute(
+                        select(step_execution.c.start_time).where(
+                            step_execution.c.job_execution_id == execution.id,
+                            step_execution.c.step_name.like("noop.worker:%"),
+                        )
+                    ).scalar_one()
+                start_lat.append((started - launched).total_seconds())
+        if master_engine is not engine:
+            master_engine.dispose()
+    return start_lat, done_lat, meter
 
 
 def latency(url: str | None, p: Params) -> dict[str, Any]:
@@ -166,38 +220,37 @@ def latency(url: str | None, p: Params) -> dict[str, Any]:
     with scratch_database(url) as db:
         registry = build_registry(1)
         engine = make_engine(db)
-        start_lat, done_lat = [], []
-        with worker_pool(db, settings) as pool:
-            pool.start(2)
-            pool.wait_registered(engine, 2)
-            with Cluster(engine, registry, settings, work=False) as cluster:
-                for run in range(p.latency_runs):
-                    launched = datetime.now(UTC).replace(tzinfo=None)
-                    t0 = time.perf_counter()
-                    execution = cluster.launch("noop-one", {"run": run})
-                    done_lat.append(time.perf_counter() - t0)
-                    with engine.connect() as conn:
-                        started = conn.execute(
-                            select(step_execution.c.start_time).where(
-                                step_execution.c.job_execution_id == execution.id,
-                                step_execution.c.step_name.like("noop.worker:%"),
-                            )
-                        ).scalar_one()
-                    start_lat.append((started - launched).total_seconds())
+        floor = insert_transaction_ms(engine, max(20, p.latency_runs))
+        start_lat, done_lat, _ = _launches(db, engine, registry, settings, p.latency_runs, "t")
+        round_trips: dict[str, Any] = {}
+        if p.counting:
+            counted_runs = min(10, p.latency_runs)
+            with counting_tap(db) as tap:
+                *_, meter = _launches(db, engine, registry, settings, counted_runs, "c", tap)
+                round_trips = round_trip_report(tap, meter, counted_runs, "launch")
+                round_trips["launches_counted"] = counted_runs
         engine.dispose()
     ms = lambda v: round(v * 1000, 1)  # noqa: E731
-    return {
+    out: dict[str, Any] = {
         "runs": p.latency_runs,
         "task_polling_interval_ms": settings.task_polling_interval,
         "launch_to_partition_start_ms": {
             "median": ms(statistics.median(start_lat)),
-            "p95": ms(_pct(start_lat, 0.95)),
+            "p95": ms(pct(start_lat, 0.95)),
         },
         "launch_to_job_complete_ms": {
             "median": ms(statistics.median(done_lat)),
-            "p95": ms(_pct(done_lat, 0.95)),
+            "p95": ms(pct(done_lat, 0.95)),
         },
+        "baseline_one_insert_transaction_ms": {
+            "median": round(statistics.median(floor), 2),
+            "p95": round(pct(floor, 0.95), 2),
+        },
+        **headline(round_trips, "launch"),
     }
+    if round_trips:
+        out["round_trips"] = round_trips
+    return out
 
 
 # --- failover -----------------------------------------------------------------------------------
@@ -225,6 +278,7 @@ def failover(url: str | None, p: Params) -> dict[str, Any]:
                 "unreachable_threshold": s.unreachable_threshold,
                 "cleanup_threshold": s.cleanup_threshold,
                 "orphan_check_interval": s.orphan_check_interval,
+                "stranded_master_scan_interval": s.stranded_master_scan_interval,
             },
             "floor_ms": floor_ms,
         }
@@ -241,7 +295,7 @@ def failover(url: str | None, p: Params) -> dict[str, Any]:
                 daemon=True,
             )
             thread.start()
-            victim_node = _wait(
+            victim_node = wait(
                 lambda: next(
                     (
                         r.assigned_node
@@ -268,7 +322,7 @@ def failover(url: str | None, p: Params) -> dict[str, Any]:
                     for i in running
                 )
 
-            _wait(moved, floor_ms / 1000 + 30, "the killed node's partitions to move")
+            wait(moved, floor_ms / 1000 + 30, "the killed node's partitions to move")
             kill_ms = (time.perf_counter() - killed) * 1000
             thread.join(timeout=job_ms / 1000 + 60)
             results["sigkill"] = {
@@ -287,7 +341,7 @@ def failover(url: str | None, p: Params) -> dict[str, Any]:
             )
             thread.start()
             prefix = f"bench{leaver.index}-"
-            _wait(
+            wait(
                 lambda: any(
                     r.status == "CLAIMED" and (r.assigned_node or "").startswith(prefix)
                     for r in _rows_all(engine)
@@ -311,7 +365,7 @@ def failover(url: str | None, p: Params) -> dict[str, Any]:
                     for i in unstarted
                 )
 
-            _wait(handed, 30, "the leaver's unstarted partitions to run elsewhere")
+            wait(handed, 30, "the leaver's unstarted partitions to run elsewhere")
             term_ms = (time.perf_counter() - signalled) * 1000
             thread.join(timeout=60)
             results["sigterm"] = {
@@ -319,8 +373,104 @@ def failover(url: str | None, p: Params) -> dict[str, Any]:
                 "handoff_ms": round(term_ms),
                 "job_status": holder["ex"].status.value if "ex" in holder else "unknown",
             }
+            results["master_sigkill"] = _master_takeover(db, engine, s)
         engine.dispose()
     return results
+
+
+def _master_takeover(db: str, engine: Any, s: ClusterSettings) -> dict[str, Any]:
+    """SIGKILL the master of a running job (a ``dbcluster launch`` process): time until a
+    survivor takes the job over (its first write) and until the job completes, in the same
+    execution, with its running partitions left where they run."""
+    import os
+    import subprocess
+    import sys
+
+    from dbcluster.bench.harness import settings_env
+    from dbcluster.dialects import get_provider
+    from dbcluster.schema import job_execution, job_masters
+
+    floor_ms = s.cleanup_threshold + s.stranded_master_scan_interval
+    with engine.connect() as conn:
+        before = conn.execute(select(func.max(job_execution.c.job_execution_id))).scalar() or 0
+    master = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dbcluster.cli",
+            "launch",
+            "--url",
+            db,
+            "--app",
+            "dbcluster.bench.app:registry",
+            "sleepy",
+            f"ms(int)={floor_ms + 4000}",
+            "r=3",
+            "--no-work",
+            "--quiet",
+        ],
+        env={**os.environ, **settings_env(s), "DBCLUSTER_NODE_ID_PREFIX": "benchmaster"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+
+        def running() -> Any:
+            with engine.connect() as conn:
+                return conn.execute(
+                    select(job_execution.c.job_execution_id).where(
+                        job_execution.c.job_execution_id > before,
+                        job_execution.c.status == "STARTED",
+                    )
+                ).scalar()
+
+        execution_id = wait(running, 60, "the master to start its job")
+        wait(
+            lambda: sum(r.status == "CLAIMED" for r in _rows(engine, execution_id)) >= 3,
+            60,
+            "its partitions to run",
+        )
+        master.kill()
+        with engine.connect() as conn:
+            killed_at = conn.execute(get_provider(engine).select_now()).scalar_one()
+        killed = time.perf_counter()
+
+        def took_over() -> Any:
+            with engine.connect() as conn:
+                return conn.execute(
+                    select(job_masters.c.since).where(
+                        job_masters.c.job_execution_id == execution_id,
+                        job_masters.c.reason == "takeover",
+                    )
+                ).scalar()
+
+        since = wait(took_over, floor_ms / 1000 + 30, "a survivor to take the job over")
+        takeover_ms = (since.replace(tzinfo=None) - killed_at.replace(tzinfo=None)).total_seconds()
+
+        def ended() -> Any:
+            with engine.connect() as conn:
+                status = conn.execute(
+                    select(job_execution.c.status).where(
+                        job_execution.c.job_execution_id == execution_id
+                    )
+                ).scalar()
+            return status if status not in ("STARTING", "STARTED") else None
+
+        status = wait(ended, 120, "the job to end under its new master")
+        done_ms = (time.perf_counter() - killed) * 1000
+    finally:
+        if master.poll() is None:
+            master.kill()
+        master.wait()
+    attempts = {int(r.attempt) for r in _rows(engine, execution_id)}
+    return {
+        "floor_ms": floor_ms,
+        "takeover_ms": round(takeover_ms * 1000),
+        "over_floor_ms": round(takeover_ms * 1000 - floor_ms),
+        "kill_to_job_end_ms": round(done_ms),
+        "job_status": status,
+        "partition_attempts": sorted(attempts),
+    }
 
 
 def _rows_all(engine: Any) -> list[Any]:
@@ -332,7 +482,8 @@ def _rows_all(engine: Any) -> list[Any]:
 
 
 def idle(url: str | None, p: Params) -> dict[str, Any]:
-    """Statements per second that idle nodes issue, for 1 node and for N nodes."""
+    """Round trips per second that idle nodes send, for 1 node and for N nodes (through the
+    round-trip counter: this scenario's figures are counts, not timings)."""
     settings = p.settings
     out: dict[str, Any] = {
         "window_s": p.idle_seconds,
@@ -345,20 +496,36 @@ def idle(url: str | None, p: Params) -> dict[str, Any]:
     }
     with scratch_database(url) as db:
         engine = make_engine(db)
-        for n in (1, p.idle_nodes):
-            with worker_pool(db, settings) as pool:
-                pool.start(n)
-                pool.wait_registered(engine, n)
-                time.sleep(1.0)  # past start-up
-                before = pool.counts()
-                time.sleep(p.idle_seconds)
-                counts = _delta(pool.counts(), before)
-            rate = counts.get("total", 0) / p.idle_seconds
-            out[f"nodes_{n}"] = {
-                "statements_per_s_total": round(rate, 2),
-                "statements_per_s_per_node": round(rate / n, 2),
-                "commits_per_s_per_node": round(counts.get("commit", 0) / p.idle_seconds / n, 2),
-            }
+        tapping = counting_tap(db) if p.counting else nullcontext(None)
+        with tapping as tap:
+            out["round_trips_source"] = (
+                tap.source.split(",")[0] if tap else "not counted: no round-trip counter here"
+            )
+            for n in (1, p.idle_nodes):
+                worker_url = tap.worker_url if tap else db
+                with worker_pool(worker_url, settings, tap.worker_env if tap else {}) as pool:
+                    pool.start(n)
+                    pool.wait_registered(engine, n)
+                    time.sleep(1.0)  # past start-up
+                    pool.settle()
+                    before = pool.counts()
+                    with Meter(tap, pool) as meter:
+                        time.sleep(p.idle_seconds)  # the measuring window
+                    pool.settle()
+                    counts = delta(pool.counts(), before)
+                per_node_s = p.idle_seconds * n
+                figures: dict[str, Any] = {}
+                if tap is not None:
+                    honest = summarize(meter.workers, per_node_s)
+                    figures = {
+                        "round_trips_per_s_per_node": honest["round_trips"],
+                        "commits_per_s_per_node": honest["commits"],
+                        "round_trips_by_kind_per_s_per_node": honest["by_kind"],
+                    }
+                figures["statements_per_s_per_node_sqlalchemy_events"] = round(
+                    counts.get("total", 0) / per_node_s, 2
+                )
+                out[f"nodes_{n}"] = figures
         engine.dispose()
     return out
 
@@ -374,23 +541,22 @@ def scale(url: str | None, p: Params) -> dict[str, Any]:
         "concurrency_per_node": p.scale_concurrency,
         "note": "worker processes on this one machine",
     }
+    first_rate: float | None = None
     with scratch_database(url) as db:
         registry = build_registry(p.scale_partitions)
         engine = make_engine(db)
         for n in p.scale_nodes:
-            with worker_pool(db, settings) as pool:
-                pool.start(n, concurrency=p.scale_concurrency)
-                pool.wait_registered(engine, n, timeout=120)
-                before = pool.counts()
-                counting.install()
-                counting.reset()
-                with Cluster(engine, registry, settings, work=False) as cluster:
-                    t0 = time.perf_counter()
-                    execution = cluster.launch("noop", {"nodes": n})
-                    wall = time.perf_counter() - t0
-                    master_counts = counting.snapshot()
-                time.sleep(0.5)
-                counts = _add(_delta(pool.counts(), before), master_counts)
+            run = cluster_run(
+                db,
+                engine,
+                registry,
+                settings,
+                "noop",
+                {"nodes": n},
+                workers=n,
+                concurrency=p.scale_concurrency,
+                register_timeout=120,
+            )
             with engine.connect() as conn:
                 rows = conn.execute(
                     select(partitions.c.created_time, step_execution.c.start_time)
@@ -398,16 +564,44 @@ def scale(url: str | None, p: Params) -> dict[str, Any]:
                         step_execution,
                         step_execution.c.step_execution_id == partitions.c.step_execution_id,
                     )
-                    .where(partitions.c.job_execution_id == execution.id)
+                    .where(partitions.c.job_execution_id == run.execution.id)
                 ).all()
             claim = [(s - c).total_seconds() * 1000 for c, s in rows if s is not None]
-            out[f"nodes_{n}"] = {
-                "status": execution.status.value,
-                "wall_s": round(wall, 3),
-                "partitions_per_s": round(p.scale_partitions / wall, 1),
-                "statements_per_s": round(counts.get("total", 0) / wall, 1),
-                "claim_latency_p95_ms": round(_pct(claim, 0.95), 1),
+            rate = p.scale_partitions / run.seconds
+            first_rate = first_rate or rate
+            figures: dict[str, Any] = {
+                "status": run.execution.status.value,
+                "wall_s": round(run.seconds, 3),
+                "partitions_per_s": round(rate, 1),
+                "ratio_to_first_node_count": round(rate / first_rate, 3),
+                "statements_per_s_sqlalchemy_events": round(
+                    run.statements.get("total", 0) / run.seconds, 1
+                ),
+                "claim_latency_p95_ms": round(pct(claim, 0.95), 1),
             }
+            if p.counting:
+                with counting_tap(db) as tap:
+                    counted = cluster_run(
+                        db,
+                        engine,
+                        registry,
+                        settings,
+                        "noop",
+                        {"nodes": n, "pass": "counted"},
+                        workers=n,
+                        concurrency=p.scale_concurrency,
+                        tap=tap,
+                        register_timeout=120,
+                    )
+                    report = round_trip_report(tap, counted.meter, p.scale_partitions, "partition")
+                figures.update(headline(report, "partition"))
+                if tap is not None:
+                    # Round trips per partition (counted) x partitions/s (direct pass).
+                    figures["round_trips_per_s_estimate"] = round(
+                        report["per_partition"]["round_trips"] * rate, 1
+                    )
+                out["round_trips_source"] = report["source"]
+            out[f"nodes_{n}"] = figures
         engine.dispose()
     return out
 
@@ -528,9 +722,11 @@ def chunk(url: str | None, p: Params) -> dict[str, Any]:
 
 SCENARIOS: dict[str, Callable[[str | None, Params], dict[str, Any]]] = {
     "overhead": overhead,
+    "drain": drain,
     "latency": latency,
     "failover": failover,
     "idle": idle,
     "scale": scale,
     "chunk": chunk,
+    "ceiling": ceiling,
 }

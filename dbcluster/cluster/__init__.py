@@ -1,4 +1,4 @@
-"""The coordination engine: nodes, the per-job master, assignment strategies and recovery."""
+"""The coordination engine: nodes, workers, the per-job master, maintainers and strategies."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from dbcluster.cluster.assignment import (
     register_strategy,
     strategy_named,
 )
-from dbcluster.cluster.handler import ClusterPartitionHandler, MastershipLostError, NoLiveNodeError
+from dbcluster.cluster.events import ClusterEvents
+from dbcluster.cluster.handler import ClusterPartitionHandler, NoLiveNodeError
+from dbcluster.cluster.mastership import MastershipLostError
 from dbcluster.cluster.node import Node
 from dbcluster.cluster.settings import ClusterSettings
 from dbcluster.cluster.store import CoordinationStore, NodeInfo
@@ -19,6 +21,7 @@ from dbcluster.cluster.store import CoordinationStore, NodeInfo
 __all__ = [
     "AssignmentStrategy",
     "Cluster",
+    "ClusterEvents",
     "ClusterPartitionHandler",
     "ClusterSettings",
     "CoordinationStore",

@@ -3,37 +3,46 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 
+from dbcluster.batch.context import ExecutionContext
 from dbcluster.batch.domain import JobExecution
 from dbcluster.batch.exceptions import (
+    JobExecutionAlreadyRunningError,
+    JobInstanceAlreadyCompleteError,
     JobRestartError,
     NoSuchJobExecutionError,
-    OptimisticLockingFailureError,
 )
-from dbcluster.batch.job import Job
+from dbcluster.batch.fence import FencedError
+from dbcluster.batch.job import AUTO_RESTARTS_KEY, AutoRestart, Job, commit_job
 from dbcluster.batch.launcher import JobLauncher
 from dbcluster.batch.parameters import JobParameters, as_job_parameters
 from dbcluster.batch.registry import JobRegistry
-from dbcluster.batch.repository import JobRepository
-from dbcluster.batch.status import BatchStatus
 from dbcluster.cluster.assignment import AssignmentStrategy
-from dbcluster.cluster.handler import ClusterPartitionHandler
+from dbcluster.cluster.handler import ClusterPartitionHandler, is_connectivity_error
+from dbcluster.cluster.identity import Identity
+from dbcluster.cluster.launches import LaunchClaimLostError, LaunchRequest, LaunchStore
+from dbcluster.cluster.maintenance.launches import LaunchAcceptor
+from dbcluster.cluster.maintenance.scheduler import Scheduler
+from dbcluster.cluster.mastership import Mastership
 from dbcluster.cluster.node import Node
 from dbcluster.cluster.settings import ClusterSettings
+from dbcluster.cluster.stopping import request_stop
+from dbcluster.cluster.store import StrandedJob
 from dbcluster.dialects import make_engine
-from dbcluster.dialects.base import (
-    COORD_COMPLETED,
-    COORD_CREATED,
-    COORD_FAILED,
-    COORD_STARTED,
-)
+from dbcluster.dialects.base import COORD_MASTERED
+from dbcluster.migrations import require_current_schema
+from dbcluster.testing import points
 
 log = logging.getLogger("dbcluster.cluster")
+
+#: How often a ``next_run`` launch makes its parameters again when another node's run took them.
+NEXT_RUN_ATTEMPTS = 5
 
 
 class Cluster:
@@ -41,7 +50,8 @@ class Cluster:
 
     ``with Cluster(url, registry) as cluster: cluster.launch("job", {"date": "..."})`` joins as
     a node (running partitions unless ``work=False``), launches the job with this node as its
-    master, and leaves gracefully at the end.
+    master, and leaves gracefully at the end. Unless ``take_over=False``, the node also becomes
+    the master of jobs whose master was lost (``master_failover = takeover``).
     """
 
     def __init__(
@@ -52,6 +62,9 @@ class Cluster:
         *,
         work: bool = True,
         strategy: AssignmentStrategy | None = None,
+        take_over: bool = True,
+        accept_launches: bool = False,
+        max_launches: int = 16,
     ) -> None:
         self.engine = (
             make_engine(url_or_engine) if isinstance(url_or_engine, str) else url_or_engine
@@ -59,18 +72,57 @@ class Cluster:
         self._owns_engine = isinstance(url_or_engine, str)
         self.registry = registry
         self.settings = settings or ClusterSettings.from_env()
-        self.repository = JobRepository(self.engine)
         self.node = Node(
             self.engine,
             registry,
             self.settings,
             capacity=self.settings.concurrency_limit if work else 0,
-            repository=self.repository,
         )
+        #: The node's repository: its transactions ride out transient errors and give up once
+        #: the node is fenced.
+        self.repository = self.node.repository
         self.handler = ClusterPartitionHandler(self.node, strategy)
         self.launcher = JobLauncher(self.repository, self.handler, registry)
+        # A job step's child job is a job of its own on the cluster: its coordination row names
+        # this node its master, so a survivor takes it over like any other.
+        self.launcher.runtime.create_execution = lambda job, params, context: self.create_execution(
+            job, params, context=context
+        )
+        #: Whether this node becomes the master of jobs whose master was lost (a process that
+        #: ends with its own job, such as ``dbcluster launch``, does not).
+        self.node.takeover = self if take_over else None
+        self.node.relauncher = self if take_over else None
+        self._taking_over: set[int] = set()
+        self._relaunching: set[int] = set()
+        self._launching: set[int] = set()
+        self._lock = threading.Lock()
+        self.launches = LaunchStore(self.node.store)
+        #: Whether this node claims launch requests and fires the registry's schedules.
+        self.accept_launches = accept_launches
+        if accept_launches:
+            acceptor = LaunchAcceptor(
+                self.launches,
+                self.settings,
+                self.node.events,
+                self.node.acting,
+                self,
+                max_launches,
+            )
+            self.node.add_service(acceptor)
+            self.node.add_service(
+                Scheduler(
+                    self.launches,
+                    registry.schedules(),
+                    self.settings,
+                    self.node.events,
+                    self.node.acting,
+                    on_fired=acceptor.wake,
+                )
+            )
 
     def start(self) -> Cluster:
+        # Once, before joining: a node on another schema version would fail later, mid-job.
+        require_current_schema(self.engine)
         self.node.start()
         return self
 
@@ -95,6 +147,25 @@ class Cluster:
         job = self._job(job)
         return self.run_execution(job, self.create_execution(job, as_job_parameters(params)))
 
+    def submit(
+        self,
+        job: Job | str,
+        params: JobParameters | Mapping[str, Any] | None = None,
+        *,
+        next_run: bool = False,
+    ) -> int:
+        """Ask the cluster to run the job: a launch request that a node accepting launches
+        claims and runs as its master (this one too, if it accepts them). Returns the request's
+        id (``dbcluster submit``). The parameters are validated here unless ``next_run`` (then
+        the accepting node makes them from the job's last run, as ``launch --next`` does)."""
+        job = self._job(job)
+        parameters = as_job_parameters(params)
+        if not next_run:
+            job.validate_parameters(parameters)
+        elif job.incrementer is None:
+            self.launcher.next_parameters(job, parameters)  # raises the one-line reason
+        return self.launches.submit(job.name, parameters, next_run=next_run)
+
     def restart(self, execution_id: int) -> JobExecution:
         """Run a FAILED or ABANDONED execution's instance again (only unfinished partitions)."""
         old = self.repository.get_job_execution(execution_id)
@@ -103,91 +174,352 @@ class Cluster:
         job = self.registry.get_job(old.job_name)
         return self.run_execution(job, self.create_execution(job, old.parameters))
 
-    def create_execution(self, job: Job, params: JobParameters) -> JobExecution:
+    def create_execution(
+        self,
+        job: Job,
+        params: JobParameters,
+        *,
+        context: ExecutionContext | None = None,
+        after: int | None = None,
+        on_created: Callable[[Connection, JobExecution], None] | None = None,
+    ) -> JobExecution:
         """The launcher's checks, plus one of the cluster's: an instance whose last execution
         still has partitions in flight (PENDING or CLAIMED on some node) cannot run again yet,
-        or a partition could run in both executions at once."""
-        instance = self.repository.get_job_instance(job.name, params)
-        if instance is not None:
-            executions = self.repository.get_job_executions(instance)
-            if executions:
+        or a partition could run in both executions at once.
+
+        The execution and its coordination row (this node its master, epoch 1) are created in
+        one transaction, so no execution ever exists without an owner that survivors can see.
+        ``after``: the execution is created only if that one is still the instance's newest
+        (an automatic restart, which another node may have made first). ``on_created(conn,
+        execution)`` runs last in the creating transaction (a launch request is marked there).
+        """
+        identity = self.node.identity
+        store = self.node.store
+        provider = store.provider
+
+        def check(conn: Connection, executions: list[JobExecution]) -> None:
+            if after is not None and (not executions or executions[0].id != after):
+                raise JobRestartError(
+                    f"execution {after} of job {job.name!r} was restarted already"
+                )
+            if executions and not executions[0].status.is_running:
                 last = executions[0]
-                in_flight = self.node.store.in_flight(last.id)
-                if in_flight and not last.status.is_running:
+                in_flight = store.in_flight(last.id, conn)
+                if in_flight:
                     raise JobRestartError(
                         f"job {job.name!r} execution {last.id} ended {last.status.value} but "
                         f"{in_flight} of its partition(s) are still in flight; restart it once "
                         f"they finish or their nodes are removed from the cluster"
                     )
-        return self.launcher.create_execution(job, params)
 
-    def run_execution(self, job: Job, execution: JobExecution) -> JobExecution:
-        """Run an execution made by :meth:`create_execution` with this node as master (lets a
-        caller learn the execution id before the job runs)."""
-        log.info(
-            "node %s is master of job %s, execution %s", self.node.node_id, job.name, execution.id
+        def own(conn: Connection, execution: JobExecution) -> None:
+            conn.execute(provider.insert_coordination(execution.id, identity.node_id))
+            conn.execute(provider.insert_master(execution.id, 1, identity.node_id, "launched"))
+            if on_created is not None:
+                on_created(conn, execution)
+
+        execution = self.launcher.create_execution(
+            job, params, on_created=own, context=context, check=check
         )
+        execution.fence = Mastership(provider, self.node.store.execute, execution.id, identity)
+        points.reach("master.after_create_execution", job_execution=execution)
+        return execution
+
+    def run_execution(
+        self, job: Job, execution: JobExecution, *, resume: bool = False
+    ) -> JobExecution:
+        """Run an execution made by :meth:`create_execution` with this node as master (lets a
+        caller learn the execution id before the job runs). Returns the execution once it has
+        ended: if this node loses the mastership on the way (fenced, paused past the cleanup
+        threshold), it follows the job to its end under its new master."""
+        mastership = execution.fence
+        assert isinstance(mastership, Mastership), "made by Cluster.create_execution"
+        log.info(
+            "node %s is master of job %s, execution %s (epoch %d)",
+            mastership.node_id,
+            job.name,
+            execution.id,
+            mastership.epoch,
+        )
+        stop_requests = self.node.stop_requests
+        stop_requests.watch(execution)
         try:
-            self.node.store.insert_coordination(execution.id, self.node.node_id, COORD_CREATED)
-        except Exception as exc:  # noqa: BLE001 - the partition step writes it then
-            log.warning("could not record mastership of execution %s: %s", execution.id, exc)
-        try:
-            job.execute(execution, self.launcher.runtime)
-        except OptimisticLockingFailureError:
-            # A survivor abandoned the job while this master was away; its record stands.
-            reloaded = self.repository.get_job_execution(execution.id)
-            if reloaded is None:
-                raise
-            log.warning("job execution %s was abandoned by a survivor", execution.id)
-            return reloaded
-        except Exception as exc:
-            # The job could not record its end (the database stopped answering): fail it once
-            # the database answers, so it is not left STARTED under a master that lives on.
-            log.error("job execution %s could not finish: %s", execution.id, exc)
-            self._fail_when_possible(execution.id, f"master {self.node.node_id} failed: {exc}")
+            job.execute(execution, self.launcher.runtime, resume=resume)
+        except FencedError as lost:
+            return self._after_losing(execution, mastership, lost)
+        except Exception as error:
+            if mastership.fenced:
+                return self._after_losing(execution, mastership, error)
+            if not execution.status.is_running and is_connectivity_error(error):
+                # The job ended but its last write did not land within the retry budget: keep
+                # writing it while this node is the master.
+                return self._finish_patiently(execution, mastership)
             raise
-        return self._finish(execution)
+        finally:
+            stop_requests.unwatch(execution)
+        return execution
 
-    def _fail_when_possible(self, execution_id: int, message: str) -> None:
-        from dbcluster.cluster.recovery import fail_job
+    def stop_execution(self, execution_id: int) -> JobExecution:
+        """Stop a running job execution cluster-wide (see :mod:`dbcluster.cluster.stopping`):
+        it becomes STOPPING at once, in the database; every partition of it, on every node,
+        stops at its next chunk boundary or tasklet call with its position committed, and its
+        master ends it STOPPED (wait with :meth:`follow`). Returns the execution as read after
+        the request. Raises ``NoSuchJobExecutionError`` for an unknown id and
+        ``NothingToStopError`` for an execution that already ended."""
+        execution = request_stop(self.node.store, self.repository, execution_id)
+        # This node learns of it now rather than at its next check.
+        self.node.stop_requests.mark(execution_id)
+        return execution
 
-        identity = self.node.identity
-        while not identity.fenced.is_set():
+    def _finish_patiently(self, execution: JobExecution, mastership: Mastership) -> JobExecution:
+        while True:
             try:
-                fail_job(self.node, execution_id, message[:2000])
-                reloaded = self.repository.get_job_execution(execution_id)
-                if reloaded is not None:
-                    self._finish(reloaded)
-                return
-            except Exception as exc:  # noqa: BLE001 - wait for the database
-                log.warning("cannot record the failure of execution %s yet: %s", execution_id, exc)
+                commit_job(execution, self.launcher.runtime, final=True)
+                return execution
+            except FencedError as lost:
+                return self._after_losing(execution, mastership, lost)
+            except Exception as error:  # noqa: BLE001 - judged below
+                if mastership.fenced:
+                    return self._after_losing(execution, mastership, error)
+                if not is_connectivity_error(error):
+                    raise
+                log.warning("cannot record the end of execution %s yet: %s", execution.id, error)
                 time.sleep(self.settings.heartbeat_interval / 1000)
 
-    def _finish(self, execution: JobExecution) -> JobExecution:
-        """Close the coordination row once the job has ended (not when its partitioned step
-        ends), so a master lost between steps still leaves a row that a survivor recovers."""
-        status = COORD_COMPLETED if execution.status is BatchStatus.COMPLETED else COORD_FAILED
-        if self.node.is_fenced:
-            # A fenced master writes nothing more under its id. Closing the row here would hide
-            # partitions still CLAIMED on other nodes from every survivor; left in flight, it is
-            # abandoned (and they are failed) once this id is removed from the registry.
-            log.warning(
-                "master fenced: coordination of execution %s left to a survivor", execution.id
-            )
-            return execution
+    def _after_losing(
+        self, execution: JobExecution, mastership: Mastership, why: BaseException
+    ) -> JobExecution:
+        """This node is no longer the master (fenced, or a survivor took the row): it wrote
+        nothing after that. It follows the job to its end under whoever owns it now."""
+        log.warning(
+            "node %s lost the mastership of execution %s: %s", mastership.node_id, execution.id, why
+        )
+        return self.follow(execution.id, mastership)
+
+    def follow(self, execution_id: int, mastership: Mastership | None = None) -> JobExecution:
+        """Wait for an execution to end, reporting progress (``handler.progress``) and the
+        master that runs it now; returns it as recorded at its end."""
+        store, interval = self.node.store, self.settings.master_check_interval / 1000
+        announced: tuple[str, int] | None = (
+            None if mastership is None else (mastership.node_id, mastership.epoch)
+        )
+        while True:
+            try:
+                execution = self.repository.get_job_execution(execution_id)
+                row = store.coordination(execution_id)
+                if execution is None:
+                    raise NoSuchJobExecutionError(f"job execution {execution_id} is gone")
+                master = None if row is None else (str(row.master_node), int(row.master_epoch))
+                if master is not None and master != announced and row.status in COORD_MASTERED:
+                    log.warning(
+                        "the mastership of execution %s moved to node %s (epoch %d)",
+                        execution_id,
+                        *master,
+                    )
+                    announced = master
+                if not execution.status.is_running:
+                    return execution
+                if row is not None and row.master_step_execution_id and self.handler.progress:
+                    step_id = int(row.master_step_execution_id)
+                    self.handler.progress(step_id, store.counts(step_id))
+            except NoSuchJobExecutionError:
+                raise
+            except Exception as error:  # noqa: BLE001 - the database may still be away
+                if not is_connectivity_error(error) and not store.provider.is_transient(error):
+                    raise
+            time.sleep(interval)
+
+    # --- launch requests (dbcluster.cluster.maintenance.launches.LaunchAcceptor) ---------------
+
+    def accepted_jobs(self) -> list[str]:
+        return self.registry.job_names()
+
+    def launches_running(self) -> int:
+        with self._lock:
+            return len(self._launching)
+
+    def launch_request(self, request: LaunchRequest, identity: Identity) -> None:
+        with self._lock:
+            if request.request_id in self._launching:
+                return
+            self._launching.add(request.request_id)
+        threading.Thread(
+            target=self._launch_request,
+            args=(request, identity),
+            name=f"dbcluster-launch-{request.request_id}",
+            daemon=True,
+        ).start()
+
+    def _launch_request(self, request: LaunchRequest, identity: Identity) -> None:
+        """Create the request's execution (marking the request LAUNCHED in that transaction,
+        guarded by this node's claim), then run it as its master. A launch that fails before
+        its execution exists marks the request FAILED; one whose claim was lost (this node was
+        removed meanwhile) changes nothing."""
+        node_id = identity.node_id
+        execution: JobExecution | None = None
         try:
-            if self.node.store.in_flight(execution.id):
-                # Partitions still run under this execution (its monitor broke before they
-                # ended); the row stays in flight so that, should this node go, a survivor fails
-                # them. A restart is refused until they are gone.
-                log.warning(
-                    "execution %s ended with partitions in flight; coordination left open",
+            with self.node.mastering():
+                if identity is not self.node.identity or identity.is_fenced:
+                    return  # the claim goes back to PENDING once the old id is removed
+                job = self.registry.get_job(request.job_name)
+                execution = self._create_requested(job, request, node_id)
+                self.node.events.launch_started(node_id, request.request_id, execution.id)
+                log.info(
+                    "launch request %d: node %s is master of execution %s",
+                    request.request_id,
+                    node_id,
                     execution.id,
                 )
-                return execution
-            self.node.store.set_coordination_status(
-                execution.id, self.node.node_id, [COORD_CREATED, COORD_STARTED], status
+                ended = self.run_execution(job, execution)
+                log.info(
+                    "launch request %d: execution %s ended %s",
+                    request.request_id,
+                    ended.id,
+                    ended.status.value,
+                )
+        except LaunchClaimLostError as lost:
+            log.warning("launch request %d: %s", request.request_id, lost)
+        except Exception as error:  # noqa: BLE001 - recorded on the request (or the execution)
+            if execution is not None:
+                log.exception("launched execution %s failed", execution.id)
+                return
+            message = f"{type(error).__name__}: {error}"
+            log.warning("launch request %d failed: %s", request.request_id, message)
+            try:
+                if self.launches.mark_failed(request.request_id, node_id, message):
+                    self.node.events.launch_failed(node_id, request.request_id, message)
+            except Exception:  # noqa: BLE001 - it stays CLAIMED; a removal puts it back
+                log.exception(
+                    "could not record the failure of launch request %d", request.request_id
+                )
+        finally:
+            with self._lock:
+                self._launching.discard(request.request_id)
+
+    def _create_requested(self, job: Job, request: LaunchRequest, node_id: str) -> JobExecution:
+        def mark(conn: Connection, execution: JobExecution) -> None:
+            self.launches.mark_launched(conn, request.request_id, node_id, execution.id)
+
+        attempts = NEXT_RUN_ATTEMPTS if request.next_run else 1
+        for attempt in range(attempts):
+            params = request.parameters
+            if request.next_run:
+                params = self.launcher.next_parameters(job, params)
+            try:
+                return self.create_execution(job, params, on_created=mark)
+            except (JobExecutionAlreadyRunningError, JobInstanceAlreadyCompleteError):
+                # Another node's next run took these parameters first: make them again.
+                if attempt + 1 >= attempts:
+                    raise
+        raise AssertionError("unreachable")
+
+    # --- automatic restarts (dbcluster.cluster.maintenance.restarter.Relauncher) --------------
+
+    def auto_restart_policies(self) -> dict[str, AutoRestart]:
+        return {
+            name: job.auto_restart
+            for name in self.registry.job_names()
+            if (job := self.registry.get_job(name)).auto_restart is not None
+        }
+
+    def relaunch(self, execution: JobExecution, restarts: int) -> None:
+        with self._lock:
+            if execution.id in self._relaunching:
+                return
+            self._relaunching.add(execution.id)
+        threading.Thread(
+            target=self._relaunch,
+            args=(execution, restarts),
+            name=f"dbcluster-restart-{execution.id}",
+            daemon=True,
+        ).start()
+
+    def _relaunch(self, old: JobExecution, restarts: int) -> None:
+        try:
+            job = self.registry.get_job(old.job_name)
+            with self.node.mastering():
+                new = self.create_execution(
+                    job,
+                    old.parameters,
+                    context=ExecutionContext({AUTO_RESTARTS_KEY: restarts}),
+                    after=old.id,
+                )
+                self.node.events.restarted(self.node.node_id, old.id, new.id)
+                ended = self.run_execution(job, new)
+            log.info(
+                "automatic restart %d of execution %s: execution %s ended %s",
+                restarts,
+                old.id,
+                ended.id,
+                ended.status.value,
             )
-        except Exception as exc:  # noqa: BLE001 - a survivor closes it if we cannot
-            log.warning("could not close coordination of execution %s: %s", execution.id, exc)
-        return execution
+        except (JobRestartError, JobExecutionAlreadyRunningError, JobInstanceAlreadyCompleteError):
+            log.info("execution %s was restarted by another node", old.id)
+        except Exception:  # noqa: BLE001 - the next scan tries again
+            log.exception("automatic restart of execution %s failed", old.id)
+        finally:
+            with self._lock:
+                self._relaunching.discard(old.id)
+
+    # --- takeover (dbcluster.cluster.maintenance.stranded.Takeover) --------------------------
+
+    def can_take_over(self, job_execution_id: int) -> bool:
+        execution = self.repository.get_job_execution(job_execution_id)
+        return (
+            execution is not None
+            and execution.status.is_running
+            and execution.job_name in self.registry.job_names()
+        )
+
+    def taking_over(self, job_execution_id: int) -> bool:
+        with self._lock:
+            return job_execution_id in self._taking_over
+
+    def take_over(self, job: StrandedJob, identity: Identity, lost_master: str) -> None:
+        with self._lock:
+            if job.job_execution_id in self._taking_over:
+                return
+            self._taking_over.add(job.job_execution_id)
+        thread = threading.Thread(
+            target=self._run_taken_over,
+            args=(job, identity, lost_master),
+            name=f"dbcluster-takeover-{job.job_execution_id}",
+            daemon=True,
+        )
+        thread.start()
+
+    def _run_taken_over(self, job: StrandedJob, identity: Identity, lost_master: str) -> None:
+        store, provider = self.node.store, self.node.store.provider
+        mastership = Mastership(
+            provider, store.execute, job.job_execution_id, identity, job.master_epoch
+        )
+        try:
+            with self.node.mastering():
+                started = self.handler._patiently(
+                    mastership, lambda: store.start_mastership(job), "take over its job"
+                )
+                if not started:
+                    log.warning("node %s lost the takeover of execution %s", identity.node_id, job)
+                    return
+                execution = self.repository.get_job_execution(job.job_execution_id)
+                assert execution is not None
+                execution.fence = mastership
+                self.node.events.took_over(
+                    identity.node_id, job.job_execution_id, lost_master, job.master_epoch
+                )
+                ended = self.run_execution(
+                    self.registry.get_job(execution.job_name), execution, resume=True
+                )
+                log.info(
+                    "job execution %s, taken over by node %s, ended %s",
+                    ended.id,
+                    identity.node_id,
+                    ended.status.value,
+                )
+        except FencedError:
+            log.warning("node %s lost execution %s it was taking over", identity.node_id, job)
+        except Exception:  # noqa: BLE001 - the row stays this node's; a survivor recovers it
+            log.exception("takeover of job execution %s failed", job.job_execution_id)
+        finally:
+            with self._lock:
+                self._taking_over.discard(job.job_execution_id)

@@ -1,8 +1,14 @@
-"""The per-job master: places a partition step's partitions on live nodes and sees them through.
+"""The per-job master of a partitioned step: places its partitions on live nodes and sees them
+through.
 
 It runs on the node that launched the job, inside the partition step, behind the same interface
 as :class:`~dbcluster.batch.local.LocalPartitionHandler`. Workers never call it and it never calls
-workers: every decision is a read or a guarded write of coordination rows.
+workers: every decision is a read or a guarded write of coordination rows, and every write holds
+the job's :class:`~dbcluster.cluster.mastership.Mastership` in its own transaction.
+
+A master rides out a database outage as a node does: it keeps monitoring (read errors are
+retried), and only when its node fences itself does it stop, leaving the job to the survivors.
+It never fails work because of its own connectivity.
 """
 
 from __future__ import annotations
@@ -12,52 +18,51 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import select
+from sqlalchemy import Connection
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
-from dbcluster.batch.domain import StepExecution, utcnow
-from dbcluster.batch.exceptions import BatchError, OptimisticLockingFailureError
-from dbcluster.batch.status import BatchStatus, ExitStatus
+from dbcluster.batch.domain import StepExecution
+from dbcluster.batch.exceptions import BatchError
+from dbcluster.batch.fence import FencedError
+from dbcluster.batch.observe import observers
+from dbcluster.batch.transactions import UnclearCommitError
 from dbcluster.cluster.assignment import AssignmentStrategy, LeastLoaded, RoundRobin
+from dbcluster.cluster.mastership import Mastership, MastershipLostError
 from dbcluster.cluster.store import NodeInfo, OrphanedPartition
 from dbcluster.dialects.base import (
-    COORD_STARTED,
+    COORD_MASTERED,
     PARTITION_CLAIMED,
+    PARTITION_FAILED,
     PARTITION_IN_FLIGHT,
+    PARTITION_PENDING,
 )
-from dbcluster.schema import job_coordination
+from dbcluster.errors import ConfigurationError
+from dbcluster.testing import points
 
 if TYPE_CHECKING:
-    from dbcluster.batch.partition import PartitionStep
-    from dbcluster.batch.repository import JobRepository
+    from dbcluster.batch.partition import PartitionStep, PartitionWork
     from dbcluster.batch.runtime import BatchRuntime
     from dbcluster.cluster.node import Node
 
 log = logging.getLogger("dbcluster.master")
 
-
-class MastershipLostError(BatchError):
-    """This node can no longer act as the job's master (fenced, or the job was abandoned)."""
+__all__ = ["ClusterPartitionHandler", "MastershipLostError", "NoLiveNodeError", "describe"]
 
 
 class NoLiveNodeError(BatchError):
     """No live node could take the partitions within the timeout."""
 
 
-def fail_step_execution(repository: JobRepository, step_execution_id: int, message: str) -> None:
-    """Record FAILED on a partition's step execution, from outside the node that ran it."""
-    for _ in range(5):
-        se = repository.get_step_execution(step_execution_id)
-        if se is None or se.status in (BatchStatus.COMPLETED, BatchStatus.FAILED):
-            return
-        se.status = BatchStatus.FAILED
-        se.exit_status = ExitStatus.FAILED.with_description(message)  # type: ignore[attr-defined]
-        se.end_time = utcnow()
-        try:
-            repository.update_step_execution(se)
-            return
-        except OptimisticLockingFailureError:
-            time.sleep(0.01)
-    log.warning("could not mark step execution %s FAILED", step_execution_id)
+def is_connectivity_error(error: BaseException) -> bool:
+    """An error of the database or of reaching it (as opposed to a bug): a master waits it out."""
+    return isinstance(
+        error, (DBAPIError, PoolTimeoutError, UnclearCommitError, ConnectionError, TimeoutError)
+    )
+
+
+#: The master's first look at a partitioned step's progress after placing it (milliseconds).
+FIRST_CHECK_MS = 5
 
 
 class ClusterPartitionHandler:
@@ -78,12 +83,34 @@ class ClusterPartitionHandler:
         #: Called with (master step execution id, partition counts by status) on each check.
         self.progress: Callable[[int, dict[str, int]], None] | None = None
 
+    # --- helpers ------------------------------------------------------------------------------
+
+    def _patiently(self, mastership: Mastership, work: Callable[[], Any], what: str) -> Any:
+        """Run ``work`` until it succeeds, waiting out database errors while this node is the
+        master (a fenced node stops: :class:`MastershipLostError`)."""
+        warned = False
+        while True:
+            mastership.check()
+            try:
+                return work()
+            except FencedError:
+                raise
+            except Exception as error:
+                if not is_connectivity_error(error) and not self.node.store.provider.is_transient(
+                    error
+                ):
+                    raise
+                if not warned:
+                    log.warning("master %s cannot %s yet: %s", mastership.node_id, what, error)
+                    warned = True
+                time.sleep(self.node.settings.master_check_interval / 1000)
+
     # --- placing ------------------------------------------------------------------------------
 
-    def _wait_for_workers(self) -> list[NodeInfo]:
+    def _wait_for_workers(self, mastership: Mastership) -> list[NodeInfo]:
         deadline = time.monotonic() + self.no_node_timeout_ms / 1000
         while True:
-            workers = self.node.store.worker_nodes()
+            workers = self._patiently(mastership, self.node.store.worker_nodes, "read the nodes")
             if workers:
                 return workers
             if time.monotonic() >= deadline:
@@ -96,203 +123,311 @@ class ClusterPartitionHandler:
         self, step: PartitionStep, master: StepExecution, runtime: BatchRuntime
     ) -> list[StepExecution]:
         node = self.node
-        identity = node.identity
-        provider, repository = node.store.provider, runtime.repository
         job_execution = master.job_execution
-        workers = self._wait_for_workers()
-        strategy = self.strategy
-        # The node's coordination engine: on SQLite it begins IMMEDIATE, and this transaction
-        # reads before it writes.
-        # The partitioner runs before the transaction: user code must not hold the write lock
-        # (SQLite has one for the whole database) while it reads its input.
-        planned = step.plan(master, len(workers))
-        with node.coordination_engine.begin() as conn:
+        mastership = job_execution.fence
+        if not isinstance(mastership, Mastership):
+            raise ConfigurationError(
+                f"partition step {step.name!r} is handled by the cluster, so its job must be "
+                f"launched through dbcluster.cluster.Cluster (launch or restart)"
+            )
+        # A master step execution this process has just created has no partitions yet.
+        placed_before = (
+            []
+            if master.fresh
+            else self._patiently(
+                mastership, lambda: node.store.partitions(master.id), "read the partitions"
+            )
+        )
+        if placed_before:
+            # A master that took over this job adopts the partitions its predecessor placed:
+            # running ones run on where they are, pending ones are claimed or moved as usual.
+            ids = [int(r.step_execution_id) for r in placed_before]
+            log.info(
+                "master %s adopted %d partition(s) of %s",
+                mastership.node_id,
+                len(ids),
+                step.name,
+            )
+        else:
+            workers = self._wait_for_workers(mastership)
+            # The partitioner runs before the transaction: user code must not hold the write
+            # lock (SQLite has one for the whole database) while it reads its input.
+            planned = step.plan(master, len(workers))
+            points.reach("master.before_place", job_execution=job_execution)
+            works, placement = self._place(step, master, runtime, mastership, workers, planned)
+            if not works:
+                return []
+            ids = [w.step_execution.id for w in works]
+            log.info(
+                "master %s placed %d partition(s) of %s on %d node(s) (%s)",
+                mastership.node_id,
+                len(works),
+                step.name,
+                len(set(placement.values())),
+                type(self.strategy).__name__,
+            )
+            node.events.placed(mastership.node_id, job_execution.id, master.id, placement)
+            node.wake()
+        with node.mastering():
+            try:
+                self._monitor(step, master, mastership)
+            except FencedError:
+                raise
+            except Exception as error:
+                # A bug, not the database: nothing of this step may go on running, or a restart
+                # would run it beside the old attempt.
+                self._fail_in_flight(mastership, f"master {mastership.node_id} failed: {error}")
+                raise
+        return self._patiently(
+            mastership,
+            lambda: runtime.repository.get_step_executions_by_ids(job_execution, ids),
+            "reload the partitions",
+        )
+
+    def _place(
+        self,
+        step: PartitionStep,
+        master: StepExecution,
+        runtime: BatchRuntime,
+        mastership: Mastership,
+        workers: list[NodeInfo],
+        planned: Any,
+    ) -> tuple[list[PartitionWork], dict[str, str]]:
+        """One transaction on the coordination engine (on SQLite it begins IMMEDIATE, and it reads
+        before it writes): hold the mastership while pointing the coordination row at this step,
+        create the partitions' step executions and insert their PENDING rows."""
+        store = self.node.store
+        context = master.execution_context.copy()
+        placed: dict[str, Any] = {}
+
+        def work(conn: Connection) -> tuple[list[PartitionWork], dict[str, str]]:
+            master.execution_context.reset_to(context)
+            mastership.place(conn, master.id, step.worker_step.name)
             works = step.split(master, len(workers), runtime, conn, planned=planned)
-            placement = strategy.assign([w.name for w in works], workers) if works else {}
-            exists = conn.execute(
-                select(job_coordination.c.master_node).where(
-                    job_coordination.c.job_execution_id == job_execution.id
-                )
-            ).first()
-            if exists is None:
-                conn.execute(
-                    provider.insert_coordination(
-                        job_execution.id,
-                        identity.node_id,
-                        master.id,
-                        step.worker_step.name,
-                        COORD_STARTED,
-                    )
-                )
-            elif (
-                conn.execute(
-                    provider.restart_coordination(
-                        job_execution.id, identity.node_id, master.id, step.worker_step.name
-                    )
-                ).rowcount
-                != 1
-            ):
-                raise MastershipLostError(
-                    f"job execution {job_execution.id} is coordinated by {exists[0]}, "
-                    f"not by this node ({identity.node_id})"
-                )
+            placement = self.strategy.assign([w.name for w in works], workers) if works else {}
+            traced = {"trace_context": tc} if (tc := observers.trace_context(master)) else {}
             if works:
-                conn.execute(
-                    provider.insert_partitions(),
+                store.insert_partitions(
+                    conn,
                     [
                         {
                             "step_execution_id": w.step_execution.id,
-                            "job_execution_id": job_execution.id,
+                            "job_execution_id": master.job_execution.id,
                             "master_step_execution_id": master.id,
                             "partition_name": w.name,
                             "assigned_node": placement[w.name],
                             "transferable": w.transferable,
+                            "max_attempts": step.max_attempts if w.transferable else 1,
+                            **traced,
                         }
                         for w in works
                     ],
                 )
-        if not works:
-            return []
-        log.info(
-            "master %s placed %d partition(s) of %s on %d node(s) (%s)",
-            identity.node_id,
-            len(works),
-            step.name,
-            len({placement[w.name] for w in works}),
-            type(strategy).__name__,
-        )
-        node._emit("placed", master=master.id, placement=placement)
-        node.wake()
-        node.masters.add(self)
-        try:
-            self._monitor(master, job_execution.id)
-        except MastershipLostError:
-            raise  # not ours to write any more: a survivor fails what is in flight
-        except Exception:
-            self._fail_in_flight(job_execution.id)
-            raise
-        finally:
-            node.masters.discard(self)
-        return repository.get_step_executions_by_ids(
-            job_execution, [w.step_execution.id for w in works]
+                store.wake_nodes(conn, placement.values())
+            placed["result"] = (works, placement)
+            return works, placement
+
+        def verify(conn: Connection) -> tuple[list[PartitionWork], dict[str, str]] | None:
+            # The first try committed when its partitions exist; its in-memory result stands.
+            if "result" in placed and store.partitions(master.id):
+                return placed["result"]  # type: ignore[no-any-return]
+            return None
+
+        return self._patiently(
+            mastership, lambda: store.transaction(work, "place partitions", verify), "place"
         )
 
     # --- monitoring ---------------------------------------------------------------------------
 
-    def _monitor(self, master: StepExecution, job_execution_id: int) -> None:
+    def _monitor(self, step: PartitionStep, master: StepExecution, mastership: Mastership) -> None:
         node, store = self.node, self.node.store
-        identity = node.identity
         settings = node.settings
         last_orphan_check = 0.0
         no_node_since: float | None = None
+        warned = False
+        # A short step ends within milliseconds of its placement: look soon, then at doubling
+        # intervals up to master_check_interval.
+        pause_ms = min(FIRST_CHECK_MS, settings.master_check_interval)
         while True:
-            node._resumed.wait()
-            if identity.fenced.is_set():
-                raise MastershipLostError(
-                    f"master node {identity.node_id} was fenced ({identity.fence_reason})"
-                )
-            counts = store.counts(master.id)
-            if self.progress is not None:
-                self.progress(master.id, counts)
-            if not sum(counts.get(s, 0) for s in PARTITION_IN_FLIGHT):
-                return
-            now = time.monotonic()
-            if (now - last_orphan_check) * 1000 >= settings.orphan_check_interval:
-                last_orphan_check = now
-                self._check_still_master(job_execution_id)
-                no_node_since = self._recover_orphans(master.id, no_node_since)
-            time.sleep(settings.master_check_interval / 1000)
-
-    def _fail_in_flight(self, job_execution_id: int) -> None:
-        """The monitor broke (the database stopped answering): the step is about to end FAILED,
-        so nothing of it may go on running, or a restart would run it beside the old attempt.
-        Fail what is in flight once the database answers; if it never does before this node is
-        fenced, a survivor abandons the job and does it."""
-        node = self.node
-        identity = node.identity
-        while not identity.fenced.is_set():
+            points.reach("master.monitor", node_id=mastership.node_id)
+            mastership.check()
             try:
-                failed = node.store.fail_job_partitions(job_execution_id)
-                log.warning(
-                    "master %s failed %d in-flight partition(s) of job execution %s",
-                    identity.node_id,
-                    failed,
-                    job_execution_id,
-                )
-                return
-            except Exception as exc:  # noqa: BLE001 - wait for the database
-                log.warning("master cannot fail in-flight partitions yet: %s", exc)
-                time.sleep(node.settings.heartbeat_interval / 1000)
+                counts = store.counts(master.id)
+                if self.progress is not None:
+                    self.progress(master.id, counts)
+                if not sum(counts.get(s, 0) for s in PARTITION_IN_FLIGHT):
+                    return
+                if master.job_execution.stop_requested and counts.get(PARTITION_PENDING):
+                    self._stop_pending(master.id, mastership)
+                now = time.monotonic()
+                if (now - last_orphan_check) * 1000 >= settings.orphan_check_interval:
+                    last_orphan_check = now
+                    self._check_still_master(mastership)
+                    if step.timeout_ms is not None:
+                        self._time_out_stalled(step, master.id, mastership)
+                    no_node_since = self._recover_orphans(
+                        step,
+                        master.id,
+                        mastership,
+                        no_node_since,
+                        stopping=master.job_execution.stop_requested,
+                    )
+                warned = False
+            except FencedError:
+                raise
+            except Exception as error:
+                if not is_connectivity_error(error) and not store.provider.is_transient(error):
+                    raise
+                if not warned:
+                    log.warning("master %s waits for the database: %s", mastership.node_id, error)
+                    warned = True
+            time.sleep(pause_ms / 1000)
+            pause_ms = min(pause_ms * 2, settings.master_check_interval)
 
-    def _check_still_master(self, job_execution_id: int) -> None:
-        row = self.node.store.coordination(job_execution_id)
-        me = self.node.identity.node_id
-        if row is None or row.master_node != me or row.status != COORD_STARTED:
-            raise MastershipLostError(
-                f"job execution {job_execution_id} is no longer coordinated by {me} "
-                f"(row: {None if row is None else (row.master_node, row.status)})"
+    def _stop_pending(self, master_id: int, mastership: Mastership) -> None:
+        """The job is being stopped: what no node has claimed does not start (see
+        :mod:`dbcluster.cluster.stopping`); running partitions stop themselves."""
+        stopped = self.node.store.stop_pending(master_id, self.node.repository, mastership)
+        if stopped:
+            log.info(
+                "master %s stopped %d unclaimed partition(s) of job execution %s",
+                mastership.node_id,
+                stopped,
+                mastership.job_execution_id,
             )
 
-    def _recover_orphans(self, master_id: int, no_node_since: float | None) -> float | None:
+    def _fail_in_flight(self, mastership: Mastership, message: str) -> None:
+        """Fail what is in flight (partitions and their step executions, one transaction), once
+        the database answers; if this node is fenced first, the survivors do it."""
+        try:
+            failed = self._patiently(
+                mastership,
+                lambda: self.node.store.fail_in_flight(
+                    mastership.job_execution_id, message[:2000], self.node.repository, mastership
+                ),
+                "fail the partitions in flight",
+            )
+        except FencedError:
+            return
+        log.warning(
+            "master %s failed %d in-flight partition(s) of job execution %s",
+            mastership.node_id,
+            failed,
+            mastership.job_execution_id,
+        )
+
+    def _check_still_master(self, mastership: Mastership) -> None:
+        row = self.node.store.coordination(mastership.job_execution_id)
+        if (
+            row is None
+            or row.master_node != mastership.node_id
+            or row.master_epoch != mastership.epoch
+            or row.status not in COORD_MASTERED
+        ):
+            raise mastership.lost(
+                f"coordination row is "
+                f"{None if row is None else (row.master_node, row.master_epoch, row.status)}"
+            )
+
+    def _time_out_stalled(
+        self, step: PartitionStep, master_id: int, mastership: Mastership
+    ) -> None:
+        """Fence every partition whose progress is older than the step's timeout: another try
+        if it is transferable and has tries left, else FAILED."""
         node, store = self.node, self.node.store
-        orphans = store.orphans(master_id)
+        timeout_ms = step.timeout_ms
+        assert timeout_ms is not None
+        for stalled in store.stalled(master_id, timeout_ms):
+            message = (
+                f"partition {stalled.partition_name} made no progress on node "
+                f"{stalled.assigned_node} for {timeout_ms} ms (attempt {stalled.attempt})"
+            )
+            outcome = store.time_out(stalled, timeout_ms, message, node.repository, mastership)
+            if outcome is None:
+                continue
+            log.warning("master timed out: %s; %s", message, outcome.lower())
+            node.events.timed_out(
+                mastership.node_id,
+                stalled.step_execution_id,
+                stalled.partition_name,
+                stalled.assigned_node,
+                outcome != PARTITION_FAILED,
+            )
+
+    def _recover_orphans(
+        self,
+        step: PartitionStep,
+        master_id: int,
+        mastership: Mastership,
+        no_node_since: float | None,
+        *,
+        stopping: bool = False,
+    ) -> float | None:
+        node, store = self.node, self.node.store
+        # A partition put back for another try waits out its backoff first.
+        orphans = [o for o in store.orphans(master_id) if o.due(step.retry_backoff_for(o.attempt))]
         if not orphans:
             return None
         repository = node.repository
-        workers = store.worker_nodes()
         movable: list[OrphanedPartition] = []
         for orphan in orphans:
+            if stopping:
+                # Its job is being stopped: it ends where its node left it (a restart resumes
+                # it from its last commit) instead of running again elsewhere.
+                message = (
+                    f"partition {orphan.partition_name} stopped: its job is being stopped and "
+                    f"node {orphan.assigned_node or '(handed back)'} no longer runs it"
+                )
+                if store.fail_orphan(orphan, message, repository, mastership, stopped=True):
+                    log.info("master stopped partition %s: %s", orphan.step_execution_id, message)
+                continue
             if orphan.status == PARTITION_CLAIMED and not orphan.transferable:
-                se = repository.get_step_execution(orphan.step_execution_id)
-                if se is not None and se.status is BatchStatus.COMPLETED:
-                    movable.append(orphan)  # done; a live node only records it
-                    continue
-                if store.fail_orphan(orphan):
-                    message = (
-                        f"non-transferable partition {orphan.partition_name} lost with node "
-                        f"{orphan.assigned_node}; not run again"
-                    )
-                    fail_step_execution(repository, orphan.step_execution_id, message)
+                message = (
+                    f"non-transferable partition {orphan.partition_name} lost with node "
+                    f"{orphan.assigned_node}; not run again"
+                )
+                if store.fail_orphan(orphan, message, repository, mastership):
                     log.warning("master failed partition %s: %s", orphan.step_execution_id, message)
-                    node._emit(
-                        "orphan_failed", id=orphan.step_execution_id, node=orphan.assigned_node
+                    node.events.orphan_failed(
+                        mastership.node_id, orphan.step_execution_id, orphan.assigned_node
                     )
                 continue
             movable.append(orphan)
         if not movable:
             return None
+        workers = store.worker_nodes()
         if not workers:
             since = no_node_since if no_node_since is not None else time.monotonic()
             waited_ms = (time.monotonic() - since) * 1000
             if waited_ms < self.no_node_timeout_ms:
                 return since
             for orphan in movable:
-                if store.fail_orphan(orphan):
-                    fail_step_execution(
-                        repository,
-                        orphan.step_execution_id,
-                        f"no live node to run partition {orphan.partition_name} "
-                        f"within {self.no_node_timeout_ms} ms",
-                    )
+                store.fail_orphan(
+                    orphan,
+                    f"no live node to run partition {orphan.partition_name} "
+                    f"within {self.no_node_timeout_ms} ms",
+                    repository,
+                    mastership,
+                )
             return None
         placement = LeastLoaded().assign([str(o.step_execution_id) for o in movable], workers)
         for orphan in movable:
             target = placement[str(orphan.step_execution_id)]
-            if store.reassign(orphan, target):
+            if store.reassign(orphan, target, mastership):
                 log.info(
                     "master reassigned partition %s (%s) from %s to %s, attempt %d",
                     orphan.partition_name,
                     orphan.step_execution_id,
                     orphan.assigned_node or "(handed back)",
                     target,
-                    orphan.attempt + 1,
+                    orphan.attempt,
                 )
-                node._emit(
-                    "reassigned",
-                    id=orphan.step_execution_id,
-                    partition=orphan.partition_name,
-                    from_node=orphan.assigned_node,
-                    to_node=target,
+                node.events.reassigned(
+                    mastership.node_id,
+                    orphan.step_execution_id,
+                    orphan.partition_name,
+                    orphan.assigned_node,
+                    target,
                 )
         return None
 

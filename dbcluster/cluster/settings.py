@@ -4,12 +4,40 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from dbcluster.errors import ConfigurationError
+
+FAILOVER_MODES = ("takeover", "abandon")
+#: Settings that are text, not milliseconds.
+_TEXT = ("node_id_prefix", "master_failover")
+#: Settings whose None means "derived from the others".
+_DERIVED = ("idle_transaction_timeout",)
+#: Settings whose None means "off".
+_OPTIONAL = ("prune_after",)
+#: Settings that are ages: milliseconds, or text like ``30d`` in the environment.
+_AGES = ("prune_after",)
+
+
+_AGE = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d|w)\s*$", re.IGNORECASE)
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
+
+
+def parse_age(text: str) -> int:
+    """Milliseconds of an age like ``30d``, ``12h``, ``90m``, ``45s`` (or ``w``, ``ms``); a
+    negative, unit-less or malformed one is a :class:`ConfigurationError`."""
+    if (text or "").strip().startswith("-"):
+        raise ConfigurationError(f"invalid age {text!r}: an age must not be negative")
+    found = _AGE.match(text or "")
+    if found is None:
+        raise ConfigurationError(
+            f"invalid age {text!r}: use a whole number and a unit, e.g. 30d, 12h, 90m, 45s"
+        )
+    return int(found.group(1)) * _UNIT_MS[found.group(2).lower()]
 
 
 def _host_name() -> str:
@@ -32,6 +60,23 @@ class ClusterSettings:
     drain_timeout: int = 30000
     #: How long a master waits for a live node to place a transferable partition on.
     no_node_timeout: int = 60000
+    #: How long a dbcluster session may sit idle inside an open transaction before the server
+    #: ends it (where the database can): a frozen process must not hold a partition's row until
+    #: the cleanup threshold. None: ``unreachable_threshold``. Keep transactions shorter.
+    idle_transaction_timeout: int | None = None
+    #: How long a PENDING partition waits for the node it was placed on before any node with
+    #: free capacity may claim it (a partition of a node silent for ``unreachable_threshold``
+    #: may be claimed at once).
+    work_stealing_delay: int = 5000
+    #: What a survivor does with a job whose master is gone: ``takeover`` (it becomes the master
+    #: under the next epoch and finishes the job in the same execution) or ``abandon`` (it fails
+    #: the job, to be restarted).
+    master_failover: str = "takeover"
+    #: Nodes prune finished executions that ended longer ago than this (one node at a time,
+    #: see ``cluster/maintenance/pruner.py``); None: they do not.
+    prune_after: int | None = None
+    #: How often the pruning node looks for executions to prune.
+    prune_interval: int = 60000
 
     def __post_init__(self) -> None:
         self.validate()
@@ -44,6 +89,14 @@ class ClusterSettings:
                     raise ConfigurationError(
                         "node_id_prefix must be 1 to 60 characters (the node id adds a uuid)"
                     )
+                continue
+            if f.name == "master_failover":
+                if value not in FAILOVER_MODES:
+                    raise ConfigurationError(
+                        f"master_failover must be one of {', '.join(FAILOVER_MODES)}, not {value!r}"
+                    )
+                continue
+            if value is None and f.name in _DERIVED + _OPTIONAL:
                 continue
             if not isinstance(value, int) or isinstance(value, bool):
                 raise ConfigurationError(f"{f.name} must be an integer, not {value!r}")
@@ -60,6 +113,33 @@ class ClusterSettings:
                 f"cleanup_threshold ({self.cleanup_threshold} ms) must be above "
                 f"unreachable_threshold ({self.unreachable_threshold} ms)"
             )
+        limit = self.cleanup_threshold - self.heartbeat_interval
+        if self.idle_transaction_ms >= limit:
+            raise ConfigurationError(
+                f"idle_transaction_timeout ({self.idle_transaction_ms} ms) must be below "
+                f"cleanup_threshold - heartbeat_interval ({limit} ms): a frozen node's "
+                f"transaction must end before its partitions can move"
+            )
+
+    @property
+    def idle_transaction_ms(self) -> int:
+        """The idle-in-transaction bound in force (see ``idle_transaction_timeout``)."""
+        if self.idle_transaction_timeout is not None:
+            return self.idle_transaction_timeout
+        return self.unreachable_threshold
+
+    @property
+    def coordination_lock_timeout_ms(self) -> int:
+        """Lock wait bound of coordination statements (heartbeats, claims, sweeps, master
+        writes): short, so a heartbeat stuck behind a lock is repeated well inside the
+        unreachable threshold."""
+        return min(5000, max(100, self.unreachable_threshold // 3))
+
+    @property
+    def work_lock_timeout_ms(self) -> int:
+        """Lock wait bound of step transactions: as long as a frozen holder can keep a lock
+        where the server ends idle transactions."""
+        return self.idle_transaction_ms
 
     def with_overrides(self, **changes: Any) -> ClusterSettings:
         return replace(self, **changes)
@@ -75,8 +155,11 @@ class ClusterSettings:
             raw = env.get(f"DBCLUSTER_{f.name.upper()}")
             if raw is None:
                 continue
-            if f.name == "node_id_prefix":
+            if f.name in _TEXT:
                 values[f.name] = raw
+                continue
+            if f.name in _AGES and not raw.strip().isdigit():
+                values[f.name] = parse_age(raw)
                 continue
             try:
                 values[f.name] = int(raw)

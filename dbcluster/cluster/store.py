@@ -1,8 +1,17 @@
 """Executes the provider's coordination statements and judges their row counts.
 
-Every method is one short transaction. Transient errors (as the provider classifies them) are
-retried with backoff; a guarded transition whose first try may have committed before the error
-is re-checked rather than trusted to its second row count.
+Every method is one short transaction on the node's coordination engine, or one statement on its
+autocommit engine (a read, a heartbeat: one round trip each, where the database has an
+autocommit mode). Statements on the hot paths (heartbeat, poll, claim, a partition's fence) are
+built once per store with bound parameters and reused. Transient errors (as the provider
+classifies them) are retried with backoff; a guarded transition whose first try may have
+committed before the error is re-checked from the row rather than trusted to a second row count.
+Methods that act for a master take its :class:`~dbcluster.batch.fence.Fence` and hold it first in
+the same transaction, so a master that lost its mastership changes nothing.
+
+Lock order (every dbcluster transaction takes rows in this order, so none deadlocks with another):
+``batch_nodes`` -> ``batch_job_coordination`` -> ``batch_partitions`` -> the application's rows
+-> ``batch_step_execution`` (and its context) -> ``batch_job_execution`` (and its context).
 """
 
 from __future__ import annotations
@@ -10,20 +19,38 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, select
-from sqlalchemy.engine import Connection
+from sqlalchemy import Engine, bindparam, select
+from sqlalchemy.engine import Connection, RowMapping
 
+from dbcluster.batch.domain import utcnow
+from dbcluster.batch.fence import Fence, hold
+from dbcluster.batch.repository import JobRepository
+from dbcluster.batch.status import EXIT_ABANDONED, EXIT_NODE_LOST, BatchStatus
 from dbcluster.dialects import QueryProvider, get_provider
-from dbcluster.dialects.base import NODE_ACTIVE
-from dbcluster.schema import job_coordination, partitions
+from dbcluster.dialects.base import (
+    COORD_ABANDONED,
+    COORD_COMPLETED,
+    COORD_FAILED,
+    COORD_RECOVERING,
+    NODE_ACTIVE,
+    PARTITION_COMPLETED,
+    PARTITION_FAILED,
+    PARTITION_PENDING,
+)
+from dbcluster.inlists import in_batches
+from dbcluster.schema import job_coordination, job_execution, partitions
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+
+class NodeRemovedError(RuntimeError):
+    """The node's registry row is gone: it was declared dead and must fence itself."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +72,15 @@ class PendingPartition:
     attempt: int
     transferable: bool
     worker_step_name: str
+    max_attempts: int = 1
+
+
+@dataclass(frozen=True)
+class ClaimedPartition:
+    """A partition a claim won, with its step execution's row as the claim left it (STARTED)."""
+
+    partition: PendingPartition
+    row: RowMapping
 
 
 @dataclass(frozen=True)
@@ -55,12 +91,32 @@ class OrphanedPartition:
     attempt: int
     status: str
     transferable: bool
+    #: When it was put back for another try (None: not a retry), and the database clock now.
+    retried_at: datetime | None = None
+    db_now: datetime | None = None
+
+    def due(self, backoff_ms: int) -> bool:
+        """Whether it may be placed now (a retry waits out its backoff)."""
+        if self.retried_at is None or self.db_now is None:
+            return True
+        return (self.db_now - self.retried_at).total_seconds() * 1000 >= backoff_ms
+
+
+@dataclass(frozen=True)
+class StalledPartition:
+    step_execution_id: int
+    partition_name: str
+    assigned_node: str
+    attempt: int
+    max_attempts: int
+    transferable: bool
 
 
 @dataclass(frozen=True)
 class StrandedJob:
     job_execution_id: int
     master_node: str
+    master_epoch: int
     master_step_execution_id: int
     status: str
 
@@ -73,19 +129,48 @@ class CoordinationStore:
         *,
         retries: int = 4,
         backoff_s: float = 0.05,
+        autocommit: Engine | None = None,
     ) -> None:
         self.engine = engine
         self.provider = provider or get_provider(engine)
         self.retries = retries
         self.backoff_s = backoff_s
+        #: Single statements (reads, heartbeats) run here, each committing on its own; None:
+        #: in a transaction of ``engine``.
+        self.autocommit = autocommit
+        self._prepared: dict[Any, Any] = {}
 
     # --- plumbing -------------------------------------------------------------------------------
 
-    def _retry(self, work: Callable[[], T], what: str) -> T:
+    def execute(self, conn: Connection, stmt: Any) -> int:
+        """Run a writing statement with a bounded lock wait; its row count."""
+        rowcount = 0
+        for part in self.provider.bounded(stmt):
+            rowcount = conn.execute(part).rowcount
+        return rowcount
+
+    def prepared(self, key: Any, build: Callable[[], Any]) -> Any:
+        """The statement ``build()`` makes, built once per store and ``key`` (with bound
+        parameters for what varies; SQLAlchemy then reuses its compiled form)."""
+        stmt = self._prepared.get(key)
+        if stmt is None:
+            stmt = self._prepared[key] = build()
+        return stmt
+
+    def run(self, conn: Connection, key: Any, build: Callable[[], Any], params: Any) -> int:
+        """Run a prepared writing statement (with its bounded lock wait); its row count."""
+        rowcount = 0
+        for part in self.prepared(("bounded", key), lambda: self.provider.bounded(build())):
+            rowcount = conn.execute(part, params).rowcount
+        return rowcount
+
+    def _retrying(self, once: Callable[[], T], what: str) -> T:
+        """``once()`` repeated on transient errors (it must be safe to repeat: a read, or one
+        statement whose repetition does no harm)."""
         delay = self.backoff_s
         for attempt in range(self.retries + 1):
             try:
-                return work()
+                return once()
             except Exception as exc:
                 if attempt >= self.retries or not self.provider.is_transient(exc):
                     raise
@@ -94,33 +179,41 @@ class CoordinationStore:
                 delay *= 2
         raise AssertionError("unreachable")
 
-    def _rowcount(self, stmt: Any, what: str) -> int:
-        def work() -> int:
-            with self.engine.begin() as conn:
-                return conn.execute(stmt).rowcount
+    def write_one(self, key: Any, build: Callable[[], Any], params: Any, what: str) -> int:
+        """One prepared writing statement that is harmless to repeat, committed on its own: one
+        round trip on the autocommit engine (a transaction where the database has no
+        autocommit, or bounds lock waits with a statement of its own); its row count."""
+        bounded = self.prepared(("bounded", key), lambda: self.provider.bounded(build()))
+        engine = self.autocommit
+        if engine is None or len(bounded) != 1:
+            return self.transaction(lambda conn: self.run(conn, key, build, params), what)
 
-        return self._retry(work, what)
+        def once() -> int:
+            with engine.connect() as conn:
+                return int(conn.execute(bounded[0], params).rowcount)
 
-    def _rows(self, stmt: Any, what: str) -> Sequence[Any]:
-        def work() -> Sequence[Any]:
-            with self.engine.connect() as conn:
-                return conn.execute(stmt).all()
+        return self._retrying(once, what)
 
-        return self._retry(work, what)
-
-    def _guarded(self, stmt: Any, what: str, verify: Callable[[Connection], bool]) -> bool:
-        """Run a guarded UPDATE; True when it changed exactly one row. After a transient error
-        the first try may have committed, so ``verify`` decides from the row itself."""
-        retried = False
+    def transaction(
+        self,
+        work: Callable[[Connection], T],
+        what: str,
+        verify: Callable[[Connection], T | None] | None = None,
+    ) -> T:
+        """Run ``work`` in one transaction, repeating it on transient errors. After an error the
+        first try may have committed: ``verify`` (when given) reads the outcome from the rows
+        and its non-None answer is returned instead of repeating ``work``."""
         delay = self.backoff_s
+        retried = False
         for attempt in range(self.retries + 1):
             try:
-                if retried:
+                if retried and verify is not None:
                     with self.engine.connect() as conn:
-                        if verify(conn):
-                            return True
+                        found = verify(conn)
+                    if found is not None:
+                        return found
                 with self.engine.begin() as conn:
-                    return conn.execute(stmt).rowcount == 1
+                    return work(conn)
             except Exception as exc:
                 if attempt >= self.retries or not self.provider.is_transient(exc):
                     raise
@@ -129,6 +222,32 @@ class CoordinationStore:
                 time.sleep(delay * (0.5 + random.random()))
                 delay *= 2
         raise AssertionError("unreachable")
+
+    def _rows(self, stmt: Any, what: str, params: Any = None) -> Sequence[Any]:
+        """A read: one statement on the autocommit engine (no BEGIN/ROLLBACK), repeated on
+        transient errors."""
+        engine = self.autocommit or self.engine
+
+        def once() -> Sequence[Any]:
+            with engine.connect() as conn:
+                return conn.execute(stmt, params).all()
+
+        return self._retrying(once, what)
+
+    def _guarded(
+        self,
+        stmt: Any,
+        what: str,
+        verify: Callable[[Connection], bool],
+        fence: Fence | None = None,
+    ) -> bool:
+        """A guarded UPDATE (after ``fence``, if any); True when it changed exactly one row."""
+
+        def work(conn: Connection) -> bool:
+            hold(fence, conn)
+            return self.execute(conn, stmt) == 1
+
+        return self.transaction(work, what, lambda conn: True if verify(conn) else None)
 
     def _partition_is(
         self, step_execution_id: int, status: str, node_id: str | None, attempt: int
@@ -149,31 +268,64 @@ class CoordinationStore:
         return self._rows(self.provider.select_now(), "clock")[0][0]
 
     def register(self, node_id: str, host: str, capacity: int) -> None:
-        def work() -> None:
-            with self.engine.begin() as conn:
-                self.provider.register_node(conn, node_id, host, capacity)
+        def work(conn: Connection) -> None:
+            self.provider.register_node(conn, node_id, host, capacity)
 
-        self._retry(work, "register")
+        self.transaction(work, "register")
 
     def heartbeat(self, node_id: str, load: int) -> bool:
-        """False when the node's row is gone: it was declared dead and must fence."""
-        return self._rowcount(self.provider.heartbeat(node_id, load), "heartbeat") == 1
+        """False when the node's row is gone: it was declared dead and must fence. One
+        statement, committed on its own."""
+        changed = self.write_one(
+            "heartbeat",
+            lambda: self.provider.heartbeat(bindparam("b_node"), bindparam("b_load")),
+            {"b_node": node_id, "b_load": load},
+            "heartbeat",
+        )
+        return changed == 1
 
     def sweep(self, unreachable_ms: int, cleanup_ms: int) -> tuple[int, int]:
-        def work() -> tuple[int, int]:
-            with self.engine.begin() as conn:
-                marked = conn.execute(self.provider.mark_unreachable(unreachable_ms)).rowcount
-            with self.engine.begin() as conn:
-                removed = conn.execute(self.provider.remove_stale(cleanup_ms)).rowcount
-            return marked, removed
+        """Mark silent nodes UNREACHABLE; remove those silent past ``cleanup_ms``, fencing the
+        partitions they had claimed in the same transaction (see
+        :meth:`QueryProvider.fence_partitions_of_removing`). A read first says whether there is
+        anything to do: an idle cluster's sweep is one statement."""
+        provider = self.provider
+        stale = self.prepared(
+            ("stale", unreachable_ms, cleanup_ms),
+            lambda: provider.select_stale_node(unreachable_ms, cleanup_ms),
+        )
+        if not self._rows(stale, "sweep check"):
+            return 0, 0
 
-        return self._retry(work, "sweep")
+        def mark(conn: Connection) -> int:
+            return self.execute(conn, provider.mark_unreachable(unreachable_ms))
+
+        def remove(conn: Connection) -> int:
+            if not self.execute(conn, provider.mark_removing(cleanup_ms)):
+                return 0
+            self.execute(conn, provider.fence_partitions_of_removing())
+            return self.execute(conn, provider.delete_removing())
+
+        return self.transaction(mark, "mark unreachable"), self.transaction(remove, "remove nodes")
 
     def set_capacity(self, node_id: str, capacity: int) -> None:
-        self._rowcount(self.provider.set_node_capacity(node_id, capacity), "capacity")
+        def work(conn: Connection) -> None:
+            self.execute(conn, self.provider.set_node_capacity(node_id, capacity))
+
+        self.transaction(work, "capacity")
 
     def deregister(self, node_id: str) -> None:
-        self._rowcount(self.provider.deregister_node(node_id), "deregister")
+        """Leave the registry: lock the node's row, fence what it still has CLAIMED (as a
+        removal does), delete the row; one transaction."""
+        provider = self.provider
+
+        def work(conn: Connection) -> None:
+            if self.execute(conn, provider.touch_node(node_id, 0)) != 1:
+                return
+            self.execute(conn, provider.fence_claims_of(node_id))
+            self.execute(conn, provider.deregister_node(node_id))
+
+        self.transaction(work, "deregister")
 
     def nodes(self, status: str | None = NODE_ACTIVE) -> list[NodeInfo]:
         rows = self._rows(self.provider.select_nodes(status), "nodes")
@@ -188,54 +340,153 @@ class CoordinationStore:
 
     # --- partitions (worker side) ---------------------------------------------------------------
 
-    def poll(self, node_id: str, limit: int) -> list[PendingPartition]:
-        rows = self._rows(self.provider.select_pending_for_node(node_id, limit), "poll")
-        return [
-            PendingPartition(
-                r.step_execution_id,
-                r.job_execution_id,
-                r.master_step_execution_id,
-                r.partition_name,
-                r.attempt,
-                bool(r.transferable),
-                r.worker_step_name,
-            )
-            for r in rows
-        ]
+    def poll(
+        self,
+        node_id: str,
+        limit: int,
+        *,
+        steal_after_ms: int | None = None,
+        unreachable_ms: int | None = None,
+    ) -> list[int]:
+        """Ids of up to ``limit`` PENDING partitions this node may claim, oldest first: its own
+        and, with ``unreachable_ms``, those it may steal (see
+        :meth:`QueryProvider.select_claimable`). One read."""
+        stmt = self.prepared(
+            ("poll", limit, steal_after_ms, unreachable_ms),
+            lambda: self.provider.select_claimable(
+                bindparam("b_node"), limit, steal_after_ms, unreachable_ms
+            ),
+        )
+        return [int(r[0]) for r in self._rows(stmt, "poll", {"b_node": node_id})]
 
-    def claim(self, step_execution_id: int, node_id: str, attempt: int) -> bool:
-        return self._guarded(
-            self.provider.claim_partition(step_execution_id, node_id, attempt),
-            "claim",
-            self._partition_is(step_execution_id, "CLAIMED", node_id, attempt),
+    def claim(
+        self,
+        node_id: str,
+        load: int,
+        step_execution_ids: Sequence[int],
+        started_at: datetime,
+    ) -> list[ClaimedPartition]:
+        """Claim polled partitions in one transaction: lock the node's own registry row first
+        (a node removed since it polled claims nothing and gets :class:`NodeRemovedError`; a
+        removal waits for the claim to commit), lock those still PENDING (skipping rows another
+        claimer holds, where the database can), move them to CLAIMED by this node, record
+        their step executions STARTED at ``started_at``, and read back what was won with what
+        the executor needs. A claim whose commit's outcome is unclear is judged from the rows."""
+        provider = self.provider
+        ids = list(step_execution_ids)
+        node = {"b_node": node_id}
+        select_claimed = self.prepared(
+            "select claimed",
+            lambda: provider.select_claimed(
+                bindparam("b_node"), bindparam("b_ids", expanding=True)
+            ),
         )
 
-    def holds(self, step_execution_id: int, node_id: str, attempt: int) -> bool:
-        """Whether the partition is CLAIMED by this node under this attempt."""
-        verify = self._partition_is(step_execution_id, "CLAIMED", node_id, attempt)
+        def work(conn: Connection) -> list[ClaimedPartition]:
+            touch = lambda: provider.touch_node(bindparam("b_node"), bindparam("b_load"))  # noqa: E731
+            if self.run(conn, "touch", touch, {**node, "b_load": load}) != 1:
+                raise NodeRemovedError(f"node {node_id} is no longer registered")
+            lock = self.prepared(
+                "lock claimable",
+                lambda: provider.lock_claimable(bindparam("b_ids", expanding=True)),
+            )
+            locked = [int(r[0]) for r in conn.execute(lock, {"b_ids": ids})]
+            if not locked:
+                return []
+            params = {**node, "b_ids": locked}
+            self.run(
+                conn,
+                "claim",
+                lambda: provider.claim_partitions(
+                    bindparam("b_node"), bindparam("b_ids", expanding=True)
+                ),
+                params,
+            )
+            self.run(
+                conn,
+                "start claimed",
+                lambda: provider.start_claimed(
+                    bindparam("b_node"),
+                    bindparam("b_ids", expanding=True),
+                    bindparam("b_started_at"),
+                ),
+                {**params, "b_started_at": started_at},
+            )
+            return self._claimed(conn.execute(select_claimed, params))
 
-        def work() -> bool:
-            with self.engine.connect() as conn:
-                return verify(conn)
+        def verify(conn: Connection) -> list[ClaimedPartition] | None:
+            return self._claimed(conn.execute(select_claimed, {**node, "b_ids": ids})) or None
 
-        return self._retry(work, "holds")
+        return self.transaction(work, "claim", verify)
 
-    def finish(self, step_execution_id: int, node_id: str, attempt: int, status: str) -> bool:
-        return self._guarded(
-            self.provider.finish_partition(step_execution_id, node_id, attempt, status),
-            "finish",
-            self._partition_is(step_execution_id, status, node_id, attempt),
+    @staticmethod
+    def _claimed(result: Any) -> list[ClaimedPartition]:
+        claimed = []
+        for row in result.mappings():
+            partition = PendingPartition(
+                int(row["p_id"]),
+                int(row["job_execution_id"]),
+                int(row["p_master_id"]),
+                row["p_name"],
+                int(row["p_attempt"]),
+                bool(row["p_transferable"]),
+                row["p_worker_step_name"],
+                int(row["p_max_attempts"]),
+            )
+            claimed.append(ClaimedPartition(partition, row))
+        return claimed
+
+    # --- a running partition's fence ------------------------------------------------------------
+
+    def hold_partition(
+        self, conn: Connection, step_execution_id: int, node_id: str, attempt: int
+    ) -> int:
+        """The fence of one transaction of a running partition (see
+        :meth:`QueryProvider.hold_partition`); its row count."""
+        return self.run(
+            conn,
+            "hold",
+            lambda: self.provider.hold_partition(
+                bindparam("b_id"), bindparam("b_node"), bindparam("b_attempt")
+            ),
+            {"b_id": step_execution_id, "b_node": node_id, "b_attempt": attempt},
+        )
+
+    def end_partition(
+        self, conn: Connection, outcome: str, step_execution_id: int, node_id: str, attempt: int
+    ) -> int:
+        """A running partition's last transaction records its outcome: COMPLETED or FAILED
+        (:meth:`QueryProvider.finish_partition`), RELEASED (handed back) or RETRIED (back to
+        PENDING for another try); its row count."""
+        provider = self.provider
+        builders: dict[str, Callable[[Any, Any, Any], Any]] = {
+            "RELEASED": provider.release_partition,
+            "RETRIED": provider.retry_partition,
+            PARTITION_COMPLETED: lambda i, n, a: provider.finish_partition(
+                i, n, a, PARTITION_COMPLETED
+            ),
+            PARTITION_FAILED: lambda i, n, a: provider.finish_partition(i, n, a, PARTITION_FAILED),
+        }
+        build = builders[outcome]
+        return self.run(
+            conn,
+            ("end", outcome),
+            lambda: build(bindparam("b_id"), bindparam("b_node"), bindparam("b_attempt")),
+            {"b_id": step_execution_id, "b_node": node_id, "b_attempt": attempt},
         )
 
     def release(self, step_execution_id: int, node_id: str, attempt: int) -> bool:
         return self._guarded(
             self.provider.release_partition(step_execution_id, node_id, attempt),
             "release",
-            self._partition_is(step_execution_id, "PENDING", None, attempt + 1),
+            self._partition_is(step_execution_id, PARTITION_PENDING, None, attempt + 1),
         )
 
     def release_pending(self, node_id: str) -> int:
-        return self._rowcount(self.provider.release_pending_for_node(node_id), "release pending")
+        def work(conn: Connection) -> int:
+            return self.execute(conn, self.provider.release_pending_for_node(node_id))
+
+        return self.transaction(work, "release pending")
 
     # --- partitions (master side) ---------------------------------------------------------------
 
@@ -251,46 +502,253 @@ class CoordinationStore:
                 r.attempt,
                 r.status,
                 bool(r.transferable),
+                r.retried_at,
+                r.db_now,
             )
             for r in rows
         ]
 
-    def reassign(self, orphan: OrphanedPartition, to_node: str) -> bool:
-        return self._guarded(
-            self.provider.reassign_partition(
-                orphan.step_execution_id, orphan.assigned_node, orphan.attempt, to_node
-            ),
-            "reassign",
-            self._partition_is(orphan.step_execution_id, "PENDING", to_node, orphan.attempt + 1),
+    def stalled(self, master_step_execution_id: int, timeout_ms: int) -> list[StalledPartition]:
+        rows = self._rows(
+            self.provider.select_stalled(master_step_execution_id, timeout_ms), "stalled"
+        )
+        return [
+            StalledPartition(
+                r.step_execution_id,
+                r.partition_name,
+                r.assigned_node,
+                r.attempt,
+                int(r.max_attempts),
+                bool(r.transferable),
+            )
+            for r in rows
+        ]
+
+    def time_out(
+        self,
+        stalled: StalledPartition,
+        timeout_ms: int,
+        message: str,
+        repository: JobRepository,
+        fence: Fence,
+    ) -> str | None:
+        """Fence a stalled partition (one transaction, after the master's fence): PENDING for
+        another try when it is transferable and has tries left, else FAILED with its step
+        execution. Returns the status written, or None when it moved on meanwhile."""
+        provider = self.provider
+        retry = stalled.transferable and stalled.attempt < stalled.max_attempts
+
+        def work(conn: Connection) -> str | None:
+            hold(fence, conn)
+            stmt = provider.time_out_partition(
+                stalled.step_execution_id,
+                stalled.assigned_node,
+                stalled.attempt,
+                timeout_ms,
+                retry=retry,
+            )
+            if self.execute(conn, stmt) != 1:
+                return None
+            if retry:
+                return PARTITION_PENDING
+            repository.fail_running(message, conn, step_execution_id=stalled.step_execution_id)
+            return PARTITION_FAILED
+
+        def verify(conn: Connection) -> str | None:
+            row = conn.execute(
+                select(partitions.c.status, partitions.c.attempt).where(
+                    partitions.c.step_execution_id == stalled.step_execution_id
+                )
+            ).first()
+            if row is not None and row[1] == stalled.attempt + 1:
+                return str(row[0])
+            return None
+
+        return self.transaction(work, "time out", verify)
+
+    def reassign(self, orphan: OrphanedPartition, to_node: str, fence: Fence) -> bool:
+        """Move an orphaned partition to ``to_node`` (after the master's fence), waking that
+        node where the database can."""
+        stmt = self.provider.reassign_partition(
+            orphan.step_execution_id, orphan.assigned_node, orphan.attempt, to_node
         )
 
-    def fail_orphan(self, orphan: OrphanedPartition) -> bool:
-        return self._guarded(
-            self.provider.fail_orphaned_partition(
-                orphan.step_execution_id, orphan.assigned_node, orphan.attempt
-            ),
-            "fail orphan",
-            self._partition_is(
-                orphan.step_execution_id, "FAILED", orphan.assigned_node, orphan.attempt
-            ),
+        def work(conn: Connection) -> bool:
+            hold(fence, conn)
+            if self.execute(conn, stmt) != 1:
+                return False
+            self.wake_nodes(conn, [to_node])
+            return True
+
+        verify = self._partition_is(
+            orphan.step_execution_id, PARTITION_PENDING, to_node, orphan.attempt
         )
+        return self.transaction(work, "reassign", lambda conn: True if verify(conn) else None)
+
+    def wake_nodes(self, conn: Connection, node_ids: Iterable[str]) -> None:
+        """In the caller's transaction (which placed work on them): wake these nodes' pollers
+        when it commits, where the database has LISTEN/NOTIFY (elsewhere they poll)."""
+        provider = self.provider
+        if not provider.supports_listen_notify:
+            return
+        channels = sorted({provider.wake_channel(node_id) for node_id in node_ids})
+        if channels:
+            stmt = self.prepared(
+                "notify", lambda: provider.notify(provider.notify_parameter("b_channels"))
+            )
+            conn.execute(stmt, {"b_channels": channels})
+
+    def fail_orphan(
+        self,
+        orphan: OrphanedPartition,
+        message: str,
+        repository: JobRepository,
+        fence: Fence,
+        *,
+        stopped: bool = False,
+    ) -> bool:
+        """Fail a lost partition and its step execution together (partition row first).
+        ``stopped``: its job is being stopped, so its step execution ends STOPPED (a restart
+        resumes it from its last commit) rather than FAILED."""
+        provider = self.provider
+
+        def work(conn: Connection) -> bool:
+            hold(fence, conn)
+            stmt = provider.fail_orphaned_partition(
+                orphan.step_execution_id, orphan.assigned_node, orphan.attempt
+            )
+            if self.execute(conn, stmt) != 1:
+                return False
+            if stopped:
+                repository.fail_running(
+                    message,
+                    conn,
+                    step_execution_id=orphan.step_execution_id,
+                    exit_code=BatchStatus.STOPPED.value,
+                    status=BatchStatus.STOPPED,
+                )
+            else:
+                repository.fail_running(
+                    message,
+                    conn,
+                    step_execution_id=orphan.step_execution_id,
+                    exit_code=EXIT_NODE_LOST,
+                )
+            return True
+
+        verify = self._partition_is(
+            orphan.step_execution_id, PARTITION_FAILED, orphan.assigned_node, orphan.attempt
+        )
+        return self.transaction(work, "fail orphan", lambda conn: True if verify(conn) else None)
+
+    def fail_in_flight(
+        self, job_execution_id: int, message: str, repository: JobRepository, fence: Fence
+    ) -> int:
+        """Fail every in-flight partition of a job execution and their step executions."""
+
+        def work(conn: Connection) -> int:
+            hold(fence, conn)
+            failed = self._fail_job_partitions(conn, job_execution_id)
+            for step_execution_id in failed:
+                repository.fail_running(message, conn, step_execution_id=step_execution_id)
+            return len(failed)
+
+        return self.transaction(work, "fail in flight")
+
+    # --- stopping a job (see dbcluster.cluster.stopping) ----------------------------------------
+
+    def request_stop(self, job_execution_id: int) -> bool:
+        """The durable stop request (one guarded UPDATE); True when this call made the
+        execution STOPPING (a repeat after an unclear commit answers False: the caller reads
+        the execution to judge)."""
+        provider = self.provider
+        return self.transaction(
+            lambda conn: self.execute(conn, provider.request_stop(job_execution_id, utcnow())) == 1,
+            "request stop",
+        )
+
+    def stopping(self, job_execution_ids: Iterable[int]) -> set[int]:
+        """Which of these job executions are STOPPING (one read per ``partition_write_batch``
+        ids; a node watches a handful)."""
+        stmt = self.prepared("select_stopping", self.provider.select_stopping)
+        found: set[int] = set()
+        for batch in in_batches(list(job_execution_ids), self.provider.partition_write_batch):
+            found.update(int(r[0]) for r in self._rows(stmt, "stopping", {"ids": batch}))
+        return found
+
+    def stop_pending(
+        self, master_step_execution_id: int, repository: JobRepository, fence: Fence
+    ) -> int:
+        """End the partitions of a stopping job that no node has claimed: partition rows, then
+        their step executions STOPPED, under the master's fence, at most
+        ``partition_write_batch`` of them a transaction (a big job's stop never holds many row
+        locks at once). A claim that races it either committed first (the partition runs and
+        stops itself) or finds the row gone. Returns how many were stopped."""
+        provider = self.provider
+        size = provider.partition_write_batch
+        pending = provider.select_pending_partition_ids(master_step_execution_id).limit(size)
+
+        def work(conn: Connection) -> tuple[int, int]:
+            hold(fence, conn)
+            batch = [int(r[0]) for r in conn.execute(pending)]
+            if not batch:
+                return 0, 0
+            changed = self.execute(conn, provider.stop_pending_partitions(batch))
+            stopped = batch
+            if changed != len(batch):
+                # A claim won some of them between the read and this write: only those this
+                # transaction ended (FAILED now, their step not started) are ours; a step that
+                # ended otherwise is not running, so the write below leaves it alone.
+                rows = conn.execute(provider.select_partition_ids_in(batch, PARTITION_FAILED))
+                stopped = [int(r[0]) for r in rows]
+            if stopped:
+                repository.fail_running(
+                    "its job was stopped before a node started it",
+                    conn,
+                    step_execution_ids=stopped,
+                    exit_code=BatchStatus.STOPPED.value,
+                    status=BatchStatus.STOPPED,
+                )
+            return len(batch), len(stopped)
+
+        total = 0
+        while True:
+            seen, stopped = self.transaction(work, "stop pending partitions")
+            total += stopped
+            if seen < size:
+                return total
 
     def counts(self, master_step_execution_id: int) -> dict[str, int]:
         rows = self._rows(self.provider.select_partition_counts(master_step_execution_id), "counts")
         return {r[0]: int(r[1]) for r in rows}
 
-    def in_flight(self, job_execution_id: int) -> int:
-        rows = self._rows(self.provider.select_in_flight_count(job_execution_id), "in flight")
+    def in_flight(self, job_execution_id: int, conn: Connection | None = None) -> int:
+        """How many partitions of the execution are PENDING or CLAIMED (in ``conn``'s
+        transaction when given)."""
+        stmt = self.provider.select_in_flight_count(job_execution_id)
+        rows = conn.execute(stmt).all() if conn is not None else self._rows(stmt, "in flight")
         return int(rows[0][0])
 
-    def fail_job_partitions(self, job_execution_id: int) -> int:
-        return self._rowcount(self.provider.fail_job_partitions(job_execution_id), "fail job")
+    def insert_partitions(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
+        """Place PENDING partitions in the caller's transaction, at most the provider's
+        ``partition_write_batch`` rows a statement (SQL Server escalates a statement's row
+        locks to a table lock past about 5,000)."""
+        for batch in in_batches(rows, self.provider.partition_write_batch):
+            conn.execute(self.provider.insert_partitions(), batch)
 
-    def insert_coordination(self, job_execution_id: int, master_node: str, status: str) -> None:
-        """The row a master writes before its job runs, so a master lost before its first
-        partitioned step still leaves something a survivor recovers."""
-        stmt = self.provider.insert_coordination(job_execution_id, master_node, 0, "-", status)
-        self._rowcount(stmt, "coordination")
+    def _fail_job_partitions(self, conn: Connection, job_execution_id: int) -> list[int]:
+        """FAILED for every in-flight partition of a job execution, in the caller's transaction,
+        at most ``partition_write_batch`` rows a statement. Returns the ids failed."""
+        provider = self.provider
+        ids = [
+            row[0]
+            for row in conn.execute(provider.select_in_flight_partition_ids(job_execution_id))
+        ]
+        failed: list[int] = []
+        for batch in in_batches(ids, provider.partition_write_batch):
+            if self.execute(conn, provider.fail_job_partitions(job_execution_id, batch)):
+                failed.extend(batch)
+        return failed
 
     def partitions(self, master_step_execution_id: int) -> list[Any]:
         return list(self._rows(self.provider.select_partitions(master_step_execution_id), "list"))
@@ -304,39 +762,136 @@ class CoordinationStore:
         )
         return rows[0] if rows else None
 
-    def set_coordination_status(
-        self, job_execution_id: int, master_node: str, from_statuses: Sequence[str], to: str
-    ) -> bool:
-        stmt = self.provider.set_coordination_status(
-            job_execution_id, master_node, from_statuses, to
-        )
-        return self._rowcount(stmt, "coordination status") == 1
-
     def stranded_jobs(self) -> list[StrandedJob]:
-        rows = self._rows(self.provider.select_stranded_masters(), "stranded")
-        return [
-            StrandedJob(r.job_execution_id, r.master_node, r.master_step_execution_id, r.status)
-            for r in rows
-        ]
+        return self._stranded(self.provider.select_stranded_masters(), "stranded")
 
     def unfinished_recoveries(self, node_id: str) -> list[StrandedJob]:
-        rows = self._rows(self.provider.select_recovering_owned_by(node_id), "recovering")
+        return self._stranded(self.provider.select_recovering_owned_by(node_id), "recovering")
+
+    def _stranded(self, stmt: Any, what: str) -> list[StrandedJob]:
         return [
-            StrandedJob(r.job_execution_id, r.master_node, r.master_step_execution_id, r.status)
-            for r in rows
+            StrandedJob(
+                r.job_execution_id,
+                r.master_node,
+                r.master_epoch,
+                r.master_step_execution_id,
+                r.status,
+            )
+            for r in self._rows(stmt, what)
         ]
 
-    def claim_stranded(self, job: StrandedJob, new_owner: str) -> bool:
-        stmt = self.provider.claim_stranded_master(
-            job.job_execution_id, job.master_node, job.status, new_owner
+    def claim_stranded(self, job: StrandedJob, new_owner: str, reason: str) -> StrandedJob | None:
+        """Take a stranded job's coordination row (RECOVERING, next epoch) and record the new
+        owner in the job's master history (``reason``: takeover or abandon), in one
+        transaction; the job as now owned, or None when another survivor won."""
+        provider = self.provider
+        stmt = provider.claim_stranded_master(
+            job.job_execution_id, job.master_node, job.master_epoch, job.status, new_owner
+        )
+        won = StrandedJob(
+            job.job_execution_id,
+            new_owner,
+            job.master_epoch + 1,
+            job.master_step_execution_id,
+            COORD_RECOVERING,
+        )
+
+        def claim(conn: Connection) -> bool:
+            if self.execute(conn, stmt) != 1:
+                return False
+            conn.execute(
+                provider.insert_master(job.job_execution_id, won.master_epoch, new_owner, reason)
+            )
+            return True
+
+        def verify(conn: Connection) -> bool:
+            row = conn.execute(
+                select(
+                    job_coordination.c.status,
+                    job_coordination.c.master_node,
+                    job_coordination.c.master_epoch,
+                ).where(job_coordination.c.job_execution_id == job.job_execution_id)
+            ).first()
+            return row is not None and tuple(row) == (COORD_RECOVERING, new_owner, won.master_epoch)
+
+        claimed = self.transaction(
+            claim, "claim stranded master", lambda conn: True if verify(conn) else None
+        )
+        return won if claimed else None
+
+    def start_mastership(self, job: StrandedJob) -> bool:
+        """The survivor that claimed a stranded job becomes its master: RECOVERING -> STARTED
+        under the claimed epoch."""
+        stmt = self.provider.set_coordination_status(
+            job.job_execution_id, job.master_node, job.master_epoch, [COORD_RECOVERING], "STARTED"
         )
 
         def verify(conn: Connection) -> bool:
+            row = conn.execute(
+                select(
+                    job_coordination.c.status,
+                    job_coordination.c.master_node,
+                    job_coordination.c.master_epoch,
+                ).where(job_coordination.c.job_execution_id == job.job_execution_id)
+            ).first()
+            return row is not None and tuple(row) == ("STARTED", job.master_node, job.master_epoch)
+
+        return self._guarded(stmt, "start mastership", verify)
+
+    def abandon(self, job: StrandedJob, message: str, repository: JobRepository) -> str | None:
+        """Finish the recovery of a stranded job this node owns (RECOVERING): in one transaction
+        that holds the coordination row, fail its in-flight partitions, its running step
+        executions and the execution; close the row ABANDONED (or, when the job had ended,
+        with the job's own outcome). Returns the coordination status written, or None when
+        the row is no longer this node's to close."""
+        provider = self.provider
+
+        def work(conn: Connection) -> str | None:
+            if (
+                self.execute(
+                    conn,
+                    provider.hold_mastership(
+                        job.job_execution_id, job.master_node, job.master_epoch, [COORD_RECOVERING]
+                    ),
+                )
+                != 1
+            ):
+                return None
+            self._fail_job_partitions(conn, job.job_execution_id)
+            repository.fail_running(
+                message, conn, job_execution_id=job.job_execution_id, exit_code=EXIT_ABANDONED
+            )
+            if repository.fail_running_job(
+                job.job_execution_id, message, conn, exit_code=EXIT_ABANDONED
+            ):
+                status = COORD_ABANDONED
+            else:
+                ended = conn.execute(
+                    select(job_execution.c.status).where(
+                        job_execution.c.job_execution_id == job.job_execution_id
+                    )
+                ).scalar_one_or_none()
+                status = COORD_COMPLETED if ended == "COMPLETED" else COORD_FAILED
+            self.execute(
+                conn,
+                provider.set_coordination_status(
+                    job.job_execution_id,
+                    job.master_node,
+                    job.master_epoch,
+                    [COORD_RECOVERING],
+                    status,
+                ),
+            )
+            return status
+
+        def verify(conn: Connection) -> str | None:
             row = conn.execute(
                 select(job_coordination.c.status, job_coordination.c.master_node).where(
                     job_coordination.c.job_execution_id == job.job_execution_id
                 )
             ).first()
-            return row is not None and tuple(row) == ("RECOVERING", new_owner)
+            if row is not None and row[1] == job.master_node and row[0] != COORD_RECOVERING:
+                return str(row[0])
+            return None
 
-        return self._guarded(stmt, "claim stranded master", verify)
+        return self.transaction(work, "abandon", verify)

@@ -12,9 +12,10 @@ and judges the row count.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from sqlalchemy import (
     DateTime,
@@ -22,34 +23,62 @@ from sqlalchemy import (
     Engine,
     Insert,
     Select,
+    String,
     Update,
     and_,
+    bindparam,
     delete,
     exists,
+    func,
     insert,
     literal_column,
     or_,
     select,
     update,
 )
-from sqlalchemy.engine import Connection, Dialect
+from sqlalchemy.engine import URL, Connection, Dialect
+from sqlalchemy.engine.default import DefaultDialect
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.schema import CreateIndex, CreateTable
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.types import TypeEngine
 
 from dbcluster import schema
-from dbcluster.schema import job_coordination, nodes, partitions
+from dbcluster.schema import (
+    job_coordination,
+    job_masters,
+    launch_requests,
+    nodes,
+    partitions,
+    schedule_fires,
+)
 
 # Statuses are plain strings in the database; these are the only spellings.
 NODE_ACTIVE = "ACTIVE"
 NODE_UNREACHABLE = "UNREACHABLE"
+#: Only ever inside a sweeper's removal transaction (never committed): marks the rows it deletes.
+NODE_REMOVING = "REMOVING"
 
 PARTITION_PENDING = "PENDING"
 PARTITION_CLAIMED = "CLAIMED"
 PARTITION_COMPLETED = "COMPLETED"
 PARTITION_FAILED = "FAILED"
 PARTITION_IN_FLIGHT = (PARTITION_PENDING, PARTITION_CLAIMED)
+# Job execution statuses the stop request reads and writes (BatchStatus values; the provider
+# does not import the batch model).
+JOB_STARTING = "STARTING"
+JOB_STARTED = "STARTED"
+JOB_STOPPING = "STOPPING"
+
+#: A step execution's status and exit code once started (the job repository's spellings).
+STEP_STARTED = "STARTED"
+STEP_EXECUTING = "EXECUTING"
+
+#: Launch request statuses (``batch_launch_requests``).
+LAUNCH_PENDING = "PENDING"
+LAUNCH_CLAIMED = "CLAIMED"
+LAUNCH_LAUNCHED = "LAUNCHED"
+LAUNCH_FAILED = "FAILED"
 
 COORD_CREATED = "CREATED"
 COORD_STARTED = "STARTED"
@@ -58,6 +87,33 @@ COORD_FAILED = "FAILED"
 COORD_RECOVERING = "RECOVERING"
 COORD_ABANDONED = "ABANDONED"
 COORD_IN_FLIGHT = (COORD_CREATED, COORD_STARTED, COORD_RECOVERING)
+#: In flight under a working master (RECOVERING rows belong to a survivor's recovery).
+COORD_MASTERED = (COORD_CREATED, COORD_STARTED)
+
+
+@dataclass(frozen=True)
+class SessionLimits:
+    """Bounds every dbcluster session gets from its server.
+
+    ``lock_timeout_ms``: the longest a statement waits for a row lock before failing (as a
+    transient error, repeated by the caller). ``idle_in_transaction_ms``: the longest a session may
+    sit idle inside an open transaction before the server ends it and rolls it back, so a frozen
+    process cannot hold a partition's row (and stall its master) past the cleanup threshold.
+    None where the engine must not get it.
+    """
+
+    lock_timeout_ms: int
+    idle_in_transaction_ms: int | None = None
+
+
+class Listener(Protocol):
+    """A connection listening for wake-ups (see :meth:`QueryProvider.open_listener`)."""
+
+    def wait(self, timeout: float) -> bool:
+        """Block up to ``timeout`` seconds; True when at least one notification arrived."""
+        ...
+
+    def close(self) -> None: ...
 
 
 class QueryProvider:
@@ -69,8 +125,15 @@ class QueryProvider:
     sqlalchemy_names: ClassVar[tuple[str, ...]] = ()
     #: URL used to build a dialect for compiling DDL without a server.
     example_url: ClassVar[str] = ""
-    #: Driver module -> the pip extra that installs it.
+    #: Driver module -> the pip extra of dbcluster that installs it (built-in providers; a
+    #: provider shipped elsewhere overrides :meth:`driver_install_hint` instead).
     drivers: ClassVar[dict[str, str]] = {}
+    #: The server's port when a URL names none (the test harness proxies each node's connection
+    #: to it); None for a database that is not reached over TCP.
+    default_port: ClassVar[int | None] = None
+    #: Shared library a driver loads (name prefix) -> what installs it, for a driver that is
+    #: installed but cannot load it.
+    system_libraries: ClassVar[dict[str, str]] = {}
 
     # Capability flags (the conformance suite skips what a provider declares it cannot do).
     #: Several OS processes may share the database (false only for in-memory databases).
@@ -80,14 +143,67 @@ class QueryProvider:
 
     #: The server can create and drop a database cheaply (tests isolate each run in one).
     can_create_database: ClassVar[bool] = True
+    #: ``SELECT ... FOR UPDATE SKIP LOCKED``: concurrent claimers pass over each other's rows
+    #: instead of queueing on them.
+    supports_skip_locked: ClassVar[bool] = False
+    #: ``LISTEN``/``NOTIFY``: a placement wakes the nodes it assigned work to (see
+    #: :meth:`open_listener`); without it nodes poll (adaptively).
+    supports_listen_notify: ClassVar[bool] = False
+    #: The driver has an autocommit mode SQLAlchemy can set (``isolation_level="AUTOCOMMIT"``):
+    #: single statements then cost one round trip. Without it they run in short transactions.
+    supports_autocommit: ClassVar[bool] = True
+    #: Pooled connections of a network database are pinged before use when they sat idle longer
+    #: than this (seconds); a connection used moments ago is not.
+    ping_idle_after_s: ClassVar[float] = 5.0
+
+    #: The oldest server version supported; ``dbcluster ddl`` targets it unless told otherwise.
+    min_server_version: ClassVar[tuple[int, ...]] = ()
+
+    # How the database stores bounded text (``VARCHAR(n)``), so that keys compare alike and
+    # clipped text fits everywhere.
+    #: Collation of every bounded text column, where the database's default would compare keys
+    #: ignoring case or accents (None: the default already compares them exactly).
+    text_collation: ClassVar[str | None] = None
+    #: What the ``n`` of ``VARCHAR(n)`` counts: "char" (code points), "utf16" (UTF-16 code
+    #: units) or "byte" (UTF-8 bytes).
+    text_length_unit: ClassVar[str] = "char"
+    #: A cap in UTF-8 bytes over every declared length (None: no cap below the declared length).
+    text_max_bytes: ClassVar[int | None] = None
+
+    #: Partition rows one statement (and, when failing them, one transaction) writes when many
+    #: are placed or failed at once: under SQL Server's lock escalation threshold (5,000 locks
+    #: taken by one statement; a row takes a key lock in each index it changes) and Db2's
+    #: per-transaction MAXLOCKS share, so a big job never takes a table lock that stops every
+    #: poll and claim. Also an IN list's length (see :mod:`dbcluster.inlists`).
+    partition_write_batch: ClassVar[int] = 500
 
     def __init__(self, dialect: Dialect) -> None:
         self.dialect = dialect
 
     @classmethod
-    def offline_dialect(cls, dialect_class: type[Dialect]) -> Dialect:
-        """A dialect to compile statements and DDL with when no server is connected."""
-        return dialect_class()
+    def offline_dialect(
+        cls, dialect_class: type[Dialect], server_version: tuple[int, ...] | None = None
+    ) -> Dialect:
+        """A dialect to compile statements and DDL with when no server is connected, for
+        ``server_version`` (default: :attr:`min_server_version`)."""
+        dialect = dialect_class()
+        version = server_version or cls.min_server_version
+        if version:
+            dialect.server_version_info = version
+        return dialect
+
+    @classmethod
+    def driver_install_hint(cls, driver: str | None) -> str:
+        """How a user gets the driver a URL asks for (``driver``: its name, e.g. ``psycopg``;
+        None when the URL names none): the end of the one-line error, after "...; ".
+
+        The default names the dbcluster extra from :attr:`drivers`; a provider that is not part
+        of dbcluster overrides this with its own package, since no such extra exists."""
+        extra = cls.drivers.get(driver or "") or next(iter(cls.drivers.values()), None)
+        if extra is not None:
+            return f"install it with: pip install 'dbcluster[{extra}]'"
+        wanted = f"the {driver!r} driver" if driver else "its driver"
+        return f"install {wanted} as the {cls.name} provider's documentation says"
 
     # --- types ----------------------------------------------------------------------------------
 
@@ -98,6 +214,45 @@ class QueryProvider:
         None means "the generic SQLAlchemy type is right here".
         """
         return None
+
+    @classmethod
+    def text_type(cls, length: int) -> TypeEngine[Any]:
+        """The type of a bounded text column of ``length`` characters: Unicode on every
+        database, in :attr:`text_collation` where one is set."""
+        return String(length, collation=cls.text_collation)
+
+    @classmethod
+    def clip_text(cls, text: str, length: int) -> str:
+        """``text`` if a ``VARCHAR(length)`` column of this database holds it, else its longest
+        head that fits with "..." after it (by :attr:`text_length_unit` and
+        :attr:`text_max_bytes`, not by Python's character count)."""
+        if cls._text_fits(text, length):
+            return text
+        room, bytes_room = length - 3, (cls.text_max_bytes or 0) - 3
+        end = 0
+        for char in text:
+            room -= cls._text_units(char)
+            bytes_room -= len(char.encode("utf-8"))
+            if room < 0 or (cls.text_max_bytes is not None and bytes_room < 0):
+                break
+            end += 1
+        return text[:end] + "..."
+
+    @classmethod
+    def _text_fits(cls, text: str, length: int) -> bool:
+        if cls.text_max_bytes is not None and len(text.encode("utf-8")) > cls.text_max_bytes:
+            return False
+        if cls.text_length_unit == "char":
+            return len(text) <= length
+        return sum(cls._text_units(c) for c in text) <= length
+
+    @classmethod
+    def _text_units(cls, char: str) -> int:
+        if cls.text_length_unit == "byte":
+            return len(char.encode("utf-8"))
+        if cls.text_length_unit == "utf16":
+            return 2 if ord(char) > 0xFFFF else 1
+        return 1
 
     # --- the database clock ---------------------------------------------------------------------
 
@@ -118,22 +273,88 @@ class QueryProvider:
     # --- engine set-up --------------------------------------------------------------------------
 
     def engine_options(self) -> dict[str, Any]:
-        """Keyword arguments for ``create_engine`` that this database needs."""
-        return {"pool_pre_ping": True}
+        """Keyword arguments for ``create_engine`` that this database needs. (Pooled connections
+        are pinged only after sitting idle a while: see ``make_engine``.)"""
+        return {}
+
+    def autocommit_engine_options(self) -> dict[str, Any]:
+        """``create_engine`` arguments for an engine whose every statement commits on its own:
+        a read or a single-statement write is then one round trip (no ``BEGIN``, ``COMMIT`` or
+        ``ROLLBACK``), and a connection goes back to the pool without a rollback."""
+        options: dict[str, Any] = {"isolation_level": "AUTOCOMMIT", "pool_reset_on_return": None}
+        # Skip the driver's rollback() on an autocommit connection where the dialect can tell
+        # without a round trip that it is one (PyMySQL would send a ROLLBACK each time).
+        detect = type(self.dialect).detect_autocommit_setting
+        if detect is not DefaultDialect.detect_autocommit_setting:
+            options["skip_autocommit_rollback"] = True
+        return options
+
+    def standalone_read_options(self) -> dict[str, Any]:
+        """Connection execution options for a read made outside any transaction (a chunk
+        step's page read): where the driver can switch to autocommit without a round trip, the
+        read then costs one (no ``BEGIN``, no ``ROLLBACK``). Default: none."""
+        return {}
+
+    def in_transaction(self, dbapi_connection: Any) -> bool | None:
+        """Whether the driver connection has a transaction open, where the driver knows it
+        without a round trip (None: unknown). A pooled connection coming back with none open is
+        not rolled back again (see ``make_engine``)."""
+        return None
 
     def private_to_engine(self, engine: Engine) -> bool:
         """The engine's database lives only inside that engine (an in-memory database): a second
         engine would see another, empty database."""
         return False
 
-    def coordination_engine_options(self) -> dict[str, Any]:
-        """Extra ``create_engine`` arguments for a node's own coordination engine: chiefly a
-        lock wait bound, so a master or heartbeat never waits forever behind a row lock held by
-        a stopped process (the wait fails as a transient error and is retried)."""
+    #: The :class:`SessionLimits` of the engine this provider serves (set by ``make_engine``).
+    limits: SessionLimits | None = None
+
+    def session_engine_options(self, limits: SessionLimits) -> dict[str, Any]:
+        """``create_engine`` arguments (``connect_args`` included) that put
+        :class:`SessionLimits` on every new session where the driver can do it without a round
+        trip of its own. Default: none."""
         return {}
 
-    def configure_engine(self, engine: Engine, *, coordination: bool = False) -> None:
-        """Per-engine set-up (connection pragmas, transaction begin statements)."""
+    def bounded(self, stmt: Update | Delete) -> list[Any]:
+        """The statements that run ``stmt`` with a bounded lock wait. Most databases bound every
+        lock wait of a session (:meth:`session_engine_options`, :meth:`session_statements`), so
+        this is ``[stmt]``; a database without such a setting first locks the same rows with a
+        bounded wait (Oracle's ``FOR UPDATE WAIT n``). The caller judges the last statement's
+        row count."""
+        return [stmt]
+
+    def session_statements(self, limits: SessionLimits) -> list[str]:
+        """Statements run once on every new session to apply :class:`SessionLimits` where
+        :meth:`session_connect_args` cannot. Values are integers computed from settings, never
+        user text. Default: none."""
+        return []
+
+    def configure_session(self, dbapi_connection: Any, limits: SessionLimits) -> None:
+        """Apply :class:`SessionLimits` to a new driver connection: runs
+        :meth:`session_statements`; a provider whose driver has a client-side bound (e.g. a call
+        timeout) sets it here instead."""
+        statements = self.session_statements(limits)
+        if not statements:
+            return
+        cursor = dbapi_connection.cursor()
+        try:
+            for statement in statements:
+                cursor.execute(statement)
+        finally:
+            cursor.close()
+
+    def needs_session_hook(self, limits: SessionLimits) -> bool:
+        """Whether :meth:`configure_session` has anything to do (no connect hook where not)."""
+        return bool(self.session_statements(limits)) or (
+            type(self).configure_session is not QueryProvider.configure_session
+        )
+
+    def configure_engine(
+        self, engine: Engine, *, coordination: bool = False, autocommit: bool = False
+    ) -> None:
+        """Per-engine set-up (connection pragmas, transaction begin statements). ``autocommit``:
+        the engine was made with :meth:`autocommit_engine_options` and must not begin
+        transactions of its own."""
 
     # --- transient errors -----------------------------------------------------------------------
 
@@ -149,46 +370,139 @@ class QueryProvider:
     def _is_transient_driver_error(self, orig: BaseException | None) -> bool:
         return False
 
+    def connect_error_hint(self, error: BaseException) -> str | None:
+        """One line naming the fix for a connect failure the user must mend outside dbcluster
+        (a missing system driver or package, an untrusted certificate); None for the rest."""
+        return None
+
     # --- DDL ------------------------------------------------------------------------------------
 
     def ddl_statements(self) -> list[str]:
-        """Every CREATE statement for the dbcluster tables, parents first."""
+        """Every CREATE statement for the dbcluster tables, parents first, then the row that
+        records the schema's version (without it a node refuses the tables)."""
         out: list[str] = []
         for table in schema.ALL_TABLES:
             out.append(str(CreateTable(table).compile(dialect=self.dialect)).strip())
             for index in sorted(table.indexes, key=lambda i: i.name or ""):
                 out.append(str(CreateIndex(index).compile(dialect=self.dialect)).strip())
+        out.append(self.literal_sql(self.record_schema_version(schema.SCHEMA_VERSION)))
         return out
 
+    def record_schema_version(self, version: str) -> Insert:
+        """The schema version row, stamped by the database clock."""
+        return insert(schema.schema_version).values(version_num=version, applied_time=self.now())
+
+    def literal_sql(self, statement: Any) -> str:
+        """A statement as SQL text with its values inline, for a script a DBA runs."""
+        compiled = statement.compile(dialect=self.dialect, compile_kwargs={"literal_binds": True})
+        return str(compiled).strip()
+
+    # --- migrations (``dbcluster migrate``) ------------------------------------------------------
+
+    #: DDL runs inside a transaction and rolls back with it (PostgreSQL, SQLite, SQL Server,
+    #: Db2). Where it does not (MySQL, MariaDB and Oracle commit each DDL statement on its own),
+    #: a revision cut short stays half done; each migration step checks whether it is already
+    #: done, so running ``dbcluster migrate`` again completes it.
+    transactional_ddl: ClassVar[bool] = True
+    #: Changing a column's type keeps the indexes and keys over it (SQL Server refuses to alter
+    #: a column an index or key covers: they are dropped and created again around it).
+    alter_type_keeps_indexes: ClassVar[bool] = True
+
+    def quote(self, name: str) -> str:
+        return str(self.dialect.identifier_preparer.quote(name))
+
+    def add_column_sql(self, table: str, column_spec: str) -> list[str]:
+        """Add a column, given its rendered specification (name, type, default, nullability)."""
+        return [f"ALTER TABLE {self.quote(table)} ADD COLUMN {column_spec}"]
+
+    def alter_column_type_sql(
+        self, table: str, column: str, old_type: str, new_type: str, nullable: bool
+    ) -> list[str]:
+        """Change a column's type from ``old_type`` to ``new_type`` (both rendered by this
+        dialect), keeping its nullability and its data. SQL's own spelling by default."""
+        return [
+            f"ALTER TABLE {self.quote(table)} ALTER COLUMN {self.quote(column)} "
+            f"SET DATA TYPE {new_type}"
+        ]
+
+    def count_live_nodes(self, within_ms: int) -> Select[Any]:
+        """ACTIVE nodes that heartbeated in the last ``within_ms`` (by the database clock):
+        ``migrate`` refuses to run under a live cluster. Reads only 0.1.0's columns."""
+        return (
+            select(func.count())
+            .select_from(nodes)
+            .where(
+                nodes.c.status == NODE_ACTIVE,
+                ~self.older_than(nodes.c.last_heartbeat, within_ms),
+            )
+        )
+
+    def drop_primary_key_sql(self, table: str, name: str | None) -> list[str]:
+        """Drop a table's primary key (``name``: None when the database named it); needed only
+        where :attr:`alter_type_keeps_indexes` is false."""
+        raise NotImplementedError(f"{self.name} does not drop primary keys for migrations")
+
     def ddl_script(self) -> str:
-        header = f"-- dbcluster schema for {self.name} (generated by `dbcluster ddl`)\n"
+        version = ".".join(str(p) for p in getattr(self.dialect, "server_version_info", ()) or ())
+        target = f"{self.name} {version} and later" if version else self.name
+        header = f"-- dbcluster schema for {target} (generated by `dbcluster ddl`)\n"
         return header + "".join(f"\n{stmt};\n" for stmt in self.ddl_statements())
 
     def create_tables(self, engine: Engine) -> list[str]:
-        """Create the tables that are missing; safe when several processes run it at once.
+        """Create the tables and indexes that are missing (see :meth:`create_schema`); returns
+        the names of the tables this call created."""
+        return self.create_schema(engine)[0]
 
-        Returns the names of the tables this call created.
+    def create_schema(self, engine: Engine) -> tuple[list[str], list[str]]:
+        """Create the missing tables, then any index missing from a table that exists: DDL is
+        not transactional on Oracle and MySQL, so a crash between a CREATE TABLE and its CREATE
+        INDEX leaves the table without the index. Safe when several processes run it at once.
+
+        Returns the names of the tables and of the indexes this call created.
         """
-        created: list[str] = []
-        for table in schema.ALL_TABLES:
-            if self._table_exists(engine, table.name):
-                continue
-            for retry in range(10):
-                try:
-                    with engine.begin() as conn:
-                        table.create(conn, checkfirst=True)
-                    created.append(table.name)
-                    break
-                except DBAPIError as exc:
-                    # Another process created it between our check and our CREATE.
-                    if self._table_exists(engine, table.name):
-                        break
-                    # Or holds the lock while it does (SQLite: "database is locked").
-                    if retry < 9 and self.is_transient(exc):
-                        time.sleep(0.05 * (retry + 1))
-                        continue
-                    raise
-        return created
+        tables = [
+            table.name
+            for table in schema.ALL_TABLES
+            if self._create_once(
+                engine,
+                lambda conn, table=table: table.create(conn, checkfirst=True),
+                lambda table=table: self._table_exists(engine, table.name),
+            )
+        ]
+        indexes = [
+            index.name
+            for table in schema.ALL_TABLES
+            for index in sorted(table.indexes, key=lambda i: i.name or "")
+            if index.name
+            and self._create_once(
+                engine,
+                lambda conn, index=index: index.create(conn, checkfirst=True),
+                lambda table=table, index=index: self._index_exists(engine, table.name, index.name),
+            )
+        ]
+        return tables, indexes
+
+    def _create_once(
+        self, engine: Engine, create: Callable[[Connection], None], exists: Callable[[], bool]
+    ) -> bool:
+        """Run ``create`` unless ``exists``; True when this call created the object."""
+        if exists():
+            return False
+        for retry in range(10):
+            try:
+                with engine.begin() as conn:
+                    create(conn)
+                return True
+            except DBAPIError as exc:
+                # Another process created it between our check and our CREATE.
+                if exists():
+                    return False
+                # Or holds the lock while it does (SQLite: "database is locked").
+                if retry < 9 and self.is_transient(exc):
+                    time.sleep(0.05 * (retry + 1))
+                    continue
+                raise
+        return False
 
     @staticmethod
     def _table_exists(engine: Engine, name: str) -> bool:
@@ -196,12 +510,39 @@ class QueryProvider:
 
         return inspect(engine).has_table(name)
 
+    @staticmethod
+    def _index_exists(engine: Engine, table: str, name: str | None) -> bool:
+        from sqlalchemy import inspect
+
+        found = {str(i["name"]).lower() for i in inspect(engine).get_indexes(table) if i["name"]}
+        return str(name).lower() in found
+
     def create_database_sql(self, name: str) -> str:
         """DDL for a scratch database; ``name`` is generated, never user input."""
         return f"CREATE DATABASE {name}"
 
     def drop_database_sql(self, name: str) -> str:
         return f"DROP DATABASE {name}"
+
+    def create_scratch_database(self, admin: Engine, name: str) -> URL:
+        """Create an empty database called ``name`` where ``admin`` (an AUTOCOMMIT engine on the
+        URL the user gave) points, and return its URL; the test backends and the conformance
+        suite work in it and drop it at the end (only when :attr:`can_create_database`).
+
+        The default runs :meth:`create_database_sql` on the server. A database that is a file
+        made by a driver call, not by ``CREATE DATABASE``, overrides this pair of hooks."""
+        from sqlalchemy import text
+
+        with admin.connect() as conn:
+            conn.execute(text(self.create_database_sql(name)))
+        return admin.url.set(database=name)
+
+    def drop_scratch_database(self, admin: Engine, url: URL) -> None:
+        """Drop a database :meth:`create_scratch_database` made (its URL)."""
+        from sqlalchemy import text
+
+        with admin.connect() as conn:
+            conn.execute(text(self.drop_database_sql(str(url.database))))
 
     # --- node registry --------------------------------------------------------------------------
 
@@ -241,6 +582,12 @@ class QueryProvider:
     def set_node_capacity(self, node_id: str, capacity: int) -> Update:
         return update(nodes).where(nodes.c.node_id == node_id).values(capacity=capacity)
 
+    def touch_node(self, node_id: str, load: int) -> Update:
+        """The first statement of a claim: the claiming node is still registered (exactly one
+        row changes) and stays so until the claim commits, because the row is now locked and a
+        sweeper's removal of it waits (or was seen)."""
+        return update(nodes).where(nodes.c.node_id == node_id).values(current_load=load)
+
     def mark_unreachable(self, threshold_ms: int) -> Update:
         return (
             update(nodes)
@@ -251,11 +598,47 @@ class QueryProvider:
             .values(status=NODE_UNREACHABLE)
         )
 
-    def remove_stale(self, threshold_ms: int) -> Delete:
-        return delete(nodes).where(
-            nodes.c.status == NODE_UNREACHABLE,
-            self.older_than(nodes.c.last_heartbeat, threshold_ms),
+    def mark_removing(self, threshold_ms: int) -> Update:
+        """Removal, first statement: lock the UNREACHABLE nodes silent past ``threshold_ms`` by
+        marking them REMOVING (a state no other transaction ever sees committed)."""
+        return (
+            update(nodes)
+            .where(
+                nodes.c.status == NODE_UNREACHABLE,
+                self.older_than(nodes.c.last_heartbeat, threshold_ms),
+            )
+            .values(status=NODE_REMOVING)
         )
+
+    def fence_partitions_of_removing(self) -> Update:
+        """Removal, second statement: every partition the removed nodes had CLAIMED moves to its
+        next attempt, in the removal's transaction. Its row lock makes the removal wait for a
+        chunk transaction of the removed node that holds it, or that transaction sees the new
+        attempt and rolls back: a removed node commits nothing more. Unclaimed partitions keep
+        their attempt (no claim commits once the node row is gone)."""
+        removing = select(nodes.c.node_id).where(nodes.c.status == NODE_REMOVING)
+        return (
+            update(partitions)
+            .where(
+                partitions.c.status == PARTITION_CLAIMED,
+                partitions.c.assigned_node.in_(removing.scalar_subquery()),
+            )
+            .values(attempt=partitions.c.attempt + 1, last_updated=self.now())
+        )
+
+    def fence_claims_of(self, node_id: str) -> Update:
+        """A node leaving the registry of its own accord (a graceful stop): what it still has
+        CLAIMED moves to its next attempt, in the transaction that deletes its row (its master
+        then moves it under a token this node never held)."""
+        return (
+            update(partitions)
+            .where(partitions.c.status == PARTITION_CLAIMED, partitions.c.assigned_node == node_id)
+            .values(attempt=partitions.c.attempt + 1, last_updated=self.now())
+        )
+
+    def delete_removing(self) -> Delete:
+        """Removal, last statement."""
+        return delete(nodes).where(nodes.c.status == NODE_REMOVING)
 
     def deregister_node(self, node_id: str) -> Delete:
         return delete(nodes).where(nodes.c.node_id == node_id)
@@ -310,6 +693,17 @@ class QueryProvider:
             .values(status=PARTITION_CLAIMED, last_updated=self.now())
         )
 
+    def hold_partition(self, step_execution_id: int, node_id: str, attempt: int) -> Update:
+        """The fence of a partition's transaction: changes its row (its progress time) only while
+        this node holds this attempt CLAIMED. The worker requires exactly one row; the row lock
+        then lasts until its ``COMMIT``, so every transition that takes the partition away (which
+        all update this row) is serialized with it."""
+        return (
+            update(partitions)
+            .where(self._guarded(step_execution_id, node_id, attempt, [PARTITION_CLAIMED]))
+            .values(last_updated=self.now())
+        )
+
     def finish_partition(
         self, step_execution_id: int, node_id: str, attempt: int, status: str
     ) -> Update:
@@ -318,16 +712,17 @@ class QueryProvider:
             raise ValueError(f"a partition finishes COMPLETED or FAILED, not {status}")
         return (
             update(partitions)
-            .where(self._guarded(step_execution_id, node_id, attempt, PARTITION_IN_FLIGHT))
+            .where(self._guarded(step_execution_id, node_id, attempt, [PARTITION_CLAIMED]))
             .values(status=status, last_updated=self.now())
         )
 
     def release_partition(self, step_execution_id: int, node_id: str, attempt: int) -> Update:
-        """Hand back a partition this node has not started: unassigned, next attempt, PENDING.
-        Because it never ran, the master may place it anywhere, transferable or not."""
+        """Hand back a claimed partition this node has not started (or stopped while leaving):
+        unassigned, next attempt, PENDING. The master places it anywhere (one that never ran,
+        transferable or not)."""
         return (
             update(partitions)
-            .where(self._guarded(step_execution_id, node_id, attempt, PARTITION_IN_FLIGHT))
+            .where(self._guarded(step_execution_id, node_id, attempt, [PARTITION_CLAIMED]))
             .values(
                 status=PARTITION_PENDING,
                 assigned_node=None,
@@ -354,7 +749,12 @@ class QueryProvider:
     def reassign_partition(
         self, step_execution_id: int, from_node: str | None, attempt: int, to_node: str
     ) -> Update:
-        """Move an orphaned partition to a live node under the next attempt."""
+        """Move an orphaned partition (its node removed, or handed back) to a live node, PENDING.
+
+        The attempt is not changed here: whatever took the partition from its last owner moved
+        it already (node removal fences a CLAIMED partition; a hand-back does), and an unclaimed
+        partition of a removed node can never be claimed by that node again. The row's
+        (node, attempt) pair, which every worker write is guarded by, changes all the same."""
         owner = (
             partitions.c.assigned_node.is_(None)
             if from_node is None
@@ -368,12 +768,7 @@ class QueryProvider:
                 partitions.c.attempt == attempt,
                 partitions.c.status.in_(PARTITION_IN_FLIGHT),
             )
-            .values(
-                status=PARTITION_PENDING,
-                assigned_node=to_node,
-                attempt=partitions.c.attempt + 1,
-                last_updated=self.now(),
-            )
+            .values(status=PARTITION_PENDING, assigned_node=to_node, last_updated=self.now())
         )
 
     def fail_orphaned_partition(
@@ -396,6 +791,167 @@ class QueryProvider:
             .values(status=PARTITION_FAILED, last_updated=self.now())
         )
 
+    def select_claimable(
+        self, node_id: Any, limit: int, steal_after_ms: int | None, unreachable_ms: int
+    ) -> Select[Any]:
+        """The poll: ids of PENDING partitions ``node_id`` may claim, oldest first: its own, and
+        (unless ``steal_after_ms`` is None) any other node's that it has not claimed, at once
+        when that node has not heartbeaten for ``unreachable_ms`` (or is gone), else once placed
+        ``steal_after_ms`` ago. A PENDING partition never ran under its attempt, so whoever
+        claims it first runs it, transferable or not; handed-back ones (no node) are left to
+        their master."""
+        mine = partitions.c.assigned_node == node_id
+        claimable: ColumnElement[bool] = mine
+        if steal_after_ms is not None:
+            owner_alive = exists().where(
+                nodes.c.node_id == partitions.c.assigned_node,
+                nodes.c.status == NODE_ACTIVE,
+                ~self.older_than(nodes.c.last_heartbeat, unreachable_ms),
+            )
+            claimable = or_(
+                mine,
+                and_(
+                    partitions.c.assigned_node.is_not(None),
+                    or_(~owner_alive, self.older_than(partitions.c.last_updated, steal_after_ms)),
+                ),
+            )
+        return (
+            select(partitions.c.step_execution_id)
+            .where(partitions.c.status == PARTITION_PENDING, claimable)
+            .order_by(partitions.c.step_execution_id)
+            .limit(limit)
+        )
+
+    def skip_locked(self) -> bool:
+        """Whether this server has ``SELECT ... FOR UPDATE SKIP LOCKED`` (see
+        :attr:`supports_skip_locked`; a subclass may judge by server version)."""
+        return self.supports_skip_locked
+
+    def lock_claimable(self, step_execution_ids: Any) -> Select[Any]:
+        """In a claim's transaction: those of the polled partitions still PENDING, locked where
+        the database can skip rows another claimer holds (SKIP LOCKED); elsewhere a plain read,
+        and the guarded claim that follows decides."""
+        stmt = select(partitions.c.step_execution_id).where(
+            partitions.c.step_execution_id.in_(step_execution_ids),
+            partitions.c.status == PARTITION_PENDING,
+            partitions.c.assigned_node.is_not(None),
+        )
+        if self.skip_locked():
+            return stmt.with_for_update(skip_locked=True)
+        return stmt
+
+    def claim_partitions(self, node_id: Any, step_execution_ids: Any) -> Update:
+        """PENDING -> CLAIMED by ``node_id``, for many partitions at once (a stolen one changes
+        node and keeps its attempt: it never ran). Which ones it won is read back with
+        :meth:`select_claimed` in the same transaction."""
+        return (
+            update(partitions)
+            .where(
+                partitions.c.step_execution_id.in_(step_execution_ids),
+                partitions.c.status == PARTITION_PENDING,
+                # Handed back or put back for a retry: its master places it (after the backoff).
+                partitions.c.assigned_node.is_not(None),
+            )
+            .values(status=PARTITION_CLAIMED, assigned_node=node_id, last_updated=self.now())
+        )
+
+    def start_claimed(self, node_id: Any, step_execution_ids: Any, started_at: Any) -> Update:
+        """In a claim's transaction, after :meth:`claim_partitions`: the step executions of the
+        partitions it won become STARTED (a retried or resumed one keeps its first start time),
+        so the worker writes no start of its own."""
+        se = schema.step_execution
+        won = exists().where(
+            partitions.c.step_execution_id == se.c.step_execution_id,
+            partitions.c.assigned_node == node_id,
+            partitions.c.status == PARTITION_CLAIMED,
+        )
+        return (
+            update(se)
+            .where(se.c.step_execution_id.in_(step_execution_ids), won)
+            .values(
+                status=STEP_STARTED,
+                exit_code=STEP_EXECUTING,
+                exit_message="",
+                start_time=func.coalesce(se.c.start_time, started_at),
+                last_updated=started_at,
+                version=se.c.version + 1,
+            )
+        )
+
+    def select_claimed(self, node_id: Any, step_execution_ids: Any) -> Select[Any]:
+        """What the executor needs of the partitions a claim won, in one read: the partition,
+        its worker step's name, its step execution and that execution's context."""
+        se, sc = schema.step_execution, schema.step_execution_context
+        return (
+            select(
+                partitions.c.step_execution_id.label("p_id"),
+                partitions.c.master_step_execution_id.label("p_master_id"),
+                partitions.c.partition_name.label("p_name"),
+                partitions.c.attempt.label("p_attempt"),
+                partitions.c.max_attempts.label("p_max_attempts"),
+                partitions.c.transferable.label("p_transferable"),
+                job_coordination.c.worker_step_name.label("p_worker_step_name"),
+                se,
+                sc.c.short_context,
+                sc.c.serialized_context,
+            )
+            .join(
+                job_coordination,
+                job_coordination.c.job_execution_id == partitions.c.job_execution_id,
+            )
+            .join(se, se.c.step_execution_id == partitions.c.step_execution_id)
+            .outerjoin(sc, sc.c.step_execution_id == partitions.c.step_execution_id)
+            .where(
+                partitions.c.step_execution_id.in_(step_execution_ids),
+                partitions.c.assigned_node == node_id,
+                partitions.c.status == PARTITION_CLAIMED,
+            )
+            .order_by(partitions.c.step_execution_id)
+        )
+
+    def select_stale_node(self, unreachable_ms: int, cleanup_ms: int) -> Select[Any]:
+        """Whether a sweep has anything to do (an ACTIVE node to mark, an UNREACHABLE one to
+        remove): one cheap read, so an idle cluster's sweeps cost one statement."""
+        return (
+            select(nodes.c.node_id)
+            .where(
+                or_(
+                    and_(
+                        nodes.c.status == NODE_ACTIVE,
+                        self.older_than(nodes.c.last_heartbeat, unreachable_ms),
+                    ),
+                    and_(
+                        nodes.c.status == NODE_UNREACHABLE,
+                        self.older_than(nodes.c.last_heartbeat, cleanup_ms),
+                    ),
+                )
+            )
+            .limit(1)
+        )
+
+    # --- wake-ups -------------------------------------------------------------------------------
+
+    def wake_channel(self, node_id: str) -> str:
+        """The notification channel a node listens on: an identifier derived from its id."""
+        import hashlib
+
+        return "dbcluster_" + hashlib.sha1(node_id.encode()).hexdigest()[:24]
+
+    def notify(self, channels: Any) -> Any:
+        """One statement that wakes the listeners of every channel in ``channels`` (a parameter
+        made by :meth:`notify_parameter`) once its transaction commits (only where
+        :attr:`supports_listen_notify`)."""
+        raise NotImplementedError(f"{self.name} has no LISTEN/NOTIFY")
+
+    def notify_parameter(self, name: str) -> Any:
+        """The bound parameter :meth:`notify` takes its list of channels in."""
+        raise NotImplementedError(f"{self.name} has no LISTEN/NOTIFY")
+
+    def open_listener(self, engine: Engine, channel: str) -> Listener:
+        """A connection of its own listening on ``channel`` (only where
+        :attr:`supports_listen_notify`)."""
+        raise NotImplementedError(f"{self.name} has no LISTEN/NOTIFY")
+
     def select_pending_for_node(self, node_id: str, limit: int) -> Select[Any]:
         """The poll: this node's PENDING rows with what a claim needs, oldest first."""
         return (
@@ -405,6 +961,7 @@ class QueryProvider:
                 partitions.c.master_step_execution_id,
                 partitions.c.partition_name,
                 partitions.c.attempt,
+                partitions.c.max_attempts,
                 partitions.c.transferable,
                 job_coordination.c.worker_step_name,
             )
@@ -436,6 +993,8 @@ class QueryProvider:
                 partitions.c.attempt,
                 partitions.c.status,
                 partitions.c.transferable,
+                partitions.c.retried_at,
+                self.now().label("db_now"),
             )
             .where(
                 partitions.c.master_step_execution_id == master_step_execution_id,
@@ -446,6 +1005,80 @@ class QueryProvider:
                 ),
             )
             .order_by(partitions.c.step_execution_id)
+        )
+
+    def retry_partition(self, step_execution_id: int, node_id: str, attempt: int) -> Update:
+        """A failed try of a transferable partition, in its final transaction: back to PENDING,
+        unassigned, next attempt, stamped with the time (its master places it again after its
+        backoff). Guarded like :meth:`finish_partition`."""
+        return (
+            update(partitions)
+            .where(self._guarded(step_execution_id, node_id, attempt, [PARTITION_CLAIMED]))
+            .values(
+                status=PARTITION_PENDING,
+                assigned_node=None,
+                attempt=partitions.c.attempt + 1,
+                retried_at=self.now(),
+                last_updated=self.now(),
+            )
+        )
+
+    def select_stalled(self, master_step_execution_id: int, timeout_ms: int) -> Select[Any]:
+        """CLAIMED partitions of one master step whose progress (claim, or last committed chunk)
+        is older than ``timeout_ms``."""
+        return (
+            select(
+                partitions.c.step_execution_id,
+                partitions.c.partition_name,
+                partitions.c.assigned_node,
+                partitions.c.attempt,
+                partitions.c.max_attempts,
+                partitions.c.transferable,
+            )
+            .where(
+                partitions.c.master_step_execution_id == master_step_execution_id,
+                partitions.c.status == PARTITION_CLAIMED,
+                self.older_than(partitions.c.last_updated, timeout_ms),
+            )
+            .order_by(partitions.c.step_execution_id)
+        )
+
+    def time_out_partition(
+        self,
+        step_execution_id: int,
+        node_id: str,
+        attempt: int,
+        timeout_ms: int,
+        *,
+        retry: bool,
+    ) -> Update:
+        """Fence a stalled partition: its attempt moves (its node commits nothing more for it);
+        then PENDING and unassigned to be tried again, or FAILED. Guarded on its holder and on
+        its progress still being older than the timeout (a chunk that just committed wins)."""
+        values: dict[str, Any] = {"attempt": partitions.c.attempt + 1, "last_updated": self.now()}
+        if retry:
+            values.update(status=PARTITION_PENDING, assigned_node=None, retried_at=self.now())
+        else:
+            values.update(status=PARTITION_FAILED)
+        return (
+            update(partitions)
+            .where(
+                self._guarded(step_execution_id, node_id, attempt, [PARTITION_CLAIMED]),
+                self.older_than(partitions.c.last_updated, timeout_ms),
+            )
+            .values(**values)
+        )
+
+    def insert_master(
+        self, job_execution_id: int, epoch: int, master_node: str, reason: str
+    ) -> Insert:
+        """One row of a job execution's master history."""
+        return insert(job_masters).values(
+            job_execution_id=job_execution_id,
+            master_epoch=epoch,
+            master_node=master_node,
+            reason=reason,
+            since=self.now(),
         )
 
     def select_partition_counts(self, master_step_execution_id: int) -> Select[Any]:
@@ -479,13 +1112,16 @@ class QueryProvider:
         self,
         job_execution_id: int,
         master_node: str,
-        master_step_execution_id: int,
-        worker_step_name: str,
-        status: str = COORD_STARTED,
+        status: str = COORD_CREATED,
+        master_step_execution_id: int = 0,
+        worker_step_name: str = "-",
     ) -> Insert:
+        """The row that makes a node the master of an execution, epoch 1. Written in the
+        transaction that creates the execution, so no execution exists without an owner."""
         return insert(job_coordination).values(
             job_execution_id=job_execution_id,
             master_node=master_node,
+            master_epoch=1,
             master_step_execution_id=master_step_execution_id,
             worker_step_name=worker_step_name,
             status=status,
@@ -493,39 +1129,47 @@ class QueryProvider:
             updated_time=self.now(),
         )
 
-    def set_coordination_status(
-        self,
-        job_execution_id: int,
-        master_node: str,
-        from_statuses: Sequence[str],
-        to_status: str,
-    ) -> Update:
-        """Guarded on the master that owns the row, so a master that lost it changes nothing."""
-        return (
-            update(job_coordination)
-            .where(
-                job_coordination.c.job_execution_id == job_execution_id,
-                job_coordination.c.master_node == master_node,
-                job_coordination.c.status.in_(list(from_statuses)),
-            )
-            .values(status=to_status, updated_time=self.now())
+    def _mastership(
+        self, job_execution_id: int, master_node: str, epoch: int, statuses: Iterable[str]
+    ) -> ColumnElement[bool]:
+        return and_(
+            job_coordination.c.job_execution_id == job_execution_id,
+            job_coordination.c.master_node == master_node,
+            job_coordination.c.master_epoch == epoch,
+            job_coordination.c.status.in_(list(statuses)),
         )
 
-    def restart_coordination(
+    def hold_mastership(
         self,
         job_execution_id: int,
         master_node: str,
+        epoch: int,
+        statuses: Sequence[str] = COORD_MASTERED,
+    ) -> Update:
+        """The fence of a master's transaction (a job write, a step it runs itself, a placement,
+        a reassignment): changes the coordination row only while this node is still the master
+        of this epoch and the job is in flight. The master requires exactly one row; the lock
+        then lasts until its ``COMMIT``, so a takeover or an abandonment (which update this row)
+        is serialized with it."""
+        return (
+            update(job_coordination)
+            .where(self._mastership(job_execution_id, master_node, epoch, statuses))
+            .values(updated_time=self.now())
+        )
+
+    def place_coordination(
+        self,
+        job_execution_id: int,
+        master_node: str,
+        epoch: int,
         master_step_execution_id: int,
         worker_step_name: str,
     ) -> Update:
-        """Point this master's existing coordination row at the job's next partitioned step."""
+        """Point the master's coordination row at the partitioned step it is placing (STARTED),
+        under the same guard as :meth:`hold_mastership`."""
         return (
             update(job_coordination)
-            .where(
-                job_coordination.c.job_execution_id == job_execution_id,
-                job_coordination.c.master_node == master_node,
-                job_coordination.c.status.in_(COORD_IN_FLIGHT),
-            )
+            .where(self._mastership(job_execution_id, master_node, epoch, COORD_MASTERED))
             .values(
                 master_step_execution_id=master_step_execution_id,
                 worker_step_name=worker_step_name,
@@ -534,28 +1178,60 @@ class QueryProvider:
             )
         )
 
-    def fail_job_partitions(self, job_execution_id: int) -> Update:
-        """Every in-flight partition of a job execution: FAILED (its master was lost). A worker
-        still running one then finds its guard broken and commits nothing more."""
+    def finish_mastership(
+        self, job_execution_id: int, master_node: str, epoch: int, status: str
+    ) -> Update:
+        """Close the coordination row (COMPLETED or FAILED) in the job's final transaction, under
+        the mastership guard."""
+        return (
+            update(job_coordination)
+            .where(self._mastership(job_execution_id, master_node, epoch, COORD_MASTERED))
+            .values(status=status, updated_time=self.now())
+        )
+
+    def set_coordination_status(
+        self,
+        job_execution_id: int,
+        master_node: str,
+        epoch: int,
+        from_statuses: Sequence[str],
+        to_status: str,
+    ) -> Update:
+        """Guarded on the master (and epoch) that owns the row, so one that lost it changes
+        nothing."""
+        return (
+            update(job_coordination)
+            .where(self._mastership(job_execution_id, master_node, epoch, from_statuses))
+            .values(status=to_status, updated_time=self.now())
+        )
+
+    def fail_job_partitions(
+        self, job_execution_id: int, step_execution_ids: Sequence[int] | None = None
+    ) -> Update:
+        """Every in-flight partition of a job execution (or those of ``step_execution_ids``):
+        FAILED (its master was lost). A worker still running one then finds its fence broken
+        and commits nothing more."""
+        where = [
+            partitions.c.job_execution_id == job_execution_id,
+            partitions.c.status.in_(PARTITION_IN_FLIGHT),
+        ]
+        if step_execution_ids is not None:
+            where.append(partitions.c.step_execution_id.in_(list(step_execution_ids)))
         return (
             update(partitions)
+            .where(*where)
+            .values(status=PARTITION_FAILED, last_updated=self.now())
+        )
+
+    def select_in_flight_partition_ids(self, job_execution_id: int) -> Select[Any]:
+        """The ids of a job execution's PENDING and CLAIMED partitions."""
+        return (
+            select(partitions.c.step_execution_id)
             .where(
                 partitions.c.job_execution_id == job_execution_id,
                 partitions.c.status.in_(PARTITION_IN_FLIGHT),
             )
-            .values(status=PARTITION_FAILED, last_updated=self.now())
-        )
-
-    def partition_guard(
-        self, step_execution_id: int, node_id: str, attempt: int
-    ) -> ColumnElement[bool]:
-        """True while this node still holds this attempt of the partition, CLAIMED, and is still
-        registered. Added to every step-execution write of a running partition, it fences the
-        chunk transaction: a node removed from the registry commits nothing more, even before
-        it notices its removal and before a master has reassigned the partition."""
-        return and_(
-            exists().where(self._guarded(step_execution_id, node_id, attempt, [PARTITION_CLAIMED])),
-            exists().where(nodes.c.node_id == node_id),
+            .order_by(partitions.c.step_execution_id)
         )
 
     def select_stranded_masters(self) -> Select[Any]:
@@ -578,6 +1254,7 @@ class QueryProvider:
             select(
                 job_coordination.c.job_execution_id,
                 job_coordination.c.master_node,
+                job_coordination.c.master_epoch,
                 job_coordination.c.master_step_execution_id,
                 job_coordination.c.status,
             )
@@ -586,18 +1263,408 @@ class QueryProvider:
         )
 
     def claim_stranded_master(
-        self, job_execution_id: int, lost_master: str, status: str, new_owner: str
+        self, job_execution_id: int, lost_master: str, epoch: int, status: str, new_owner: str
     ) -> Update:
-        """Exactly one survivor wins: the row still names the lost master with the status read."""
+        """Exactly one survivor wins: the row still names the lost master, epoch and status
+        read. The winner owns it RECOVERING under the next epoch, so anything the lost master
+        still tries under its own epoch changes nothing."""
         return (
             update(job_coordination)
             .where(
                 job_coordination.c.job_execution_id == job_execution_id,
                 job_coordination.c.master_node == lost_master,
+                job_coordination.c.master_epoch == epoch,
                 job_coordination.c.status == status,
             )
-            .values(status=COORD_RECOVERING, master_node=new_owner, updated_time=self.now())
+            .values(
+                status=COORD_RECOVERING,
+                master_node=new_owner,
+                master_epoch=job_coordination.c.master_epoch + 1,
+                updated_time=self.now(),
+            )
         )
+
+    # --- stopping a job (dbcluster.cluster.stopping) -------------------------------------------
+
+    def request_stop(self, job_execution_id: int, now: datetime) -> Update:
+        """The durable stop request: a running job execution becomes STOPPING (from STARTING or
+        STARTED only; the caller judges a row count of 0). Its version is left alone: the
+        request is a flag every owner of the row honours, not a write that fences them (the
+        master's own writes keep STOPPING, see the job repository)."""
+        je = schema.job_execution
+        return (
+            update(je)
+            .where(
+                je.c.job_execution_id == job_execution_id,
+                je.c.status.in_((JOB_STARTING, JOB_STARTED)),
+            )
+            .values(status=JOB_STOPPING, last_updated=now)
+        )
+
+    def select_stopping(self) -> Select[Any]:
+        """Which of the job executions in the expanding parameter ``ids`` are STOPPING (a
+        node's periodic check for the jobs it runs partitions of or masters)."""
+        je = schema.job_execution
+        return select(je.c.job_execution_id).where(
+            je.c.job_execution_id.in_(bindparam("ids", expanding=True)),
+            je.c.status == JOB_STOPPING,
+        )
+
+    def select_pending_partition_ids(self, master_step_execution_id: int) -> Select[Any]:
+        """The ids of a partitioned step's partitions no node has claimed."""
+        return (
+            select(partitions.c.step_execution_id)
+            .where(
+                partitions.c.master_step_execution_id == master_step_execution_id,
+                partitions.c.status == PARTITION_PENDING,
+            )
+            .order_by(partitions.c.step_execution_id)
+        )
+
+    def select_partition_ids_in(
+        self, step_execution_ids: Sequence[int], status: str
+    ) -> Select[Any]:
+        """Which of these partitions have ``status``."""
+        return select(partitions.c.step_execution_id).where(
+            partitions.c.step_execution_id.in_(list(step_execution_ids)),
+            partitions.c.status == status,
+        )
+
+    def stop_pending_partitions(self, step_execution_ids: Sequence[int]) -> Update:
+        """Partitions of a stopping job that were never claimed end (FAILED, their step
+        executions STOPPED in the same transaction): a claim racing this finds them gone."""
+        return (
+            update(partitions)
+            .where(
+                partitions.c.step_execution_id.in_(list(step_execution_ids)),
+                partitions.c.status == PARTITION_PENDING,
+            )
+            .values(status=PARTITION_FAILED, last_updated=self.now())
+        )
+
+    # --- launch requests and schedules -----------------------------------------------------------
+
+    def insert_launch_request(self) -> Insert:
+        """A PENDING launch request (bound ``job_name``, ``parameters``, ``next_run``)."""
+        return insert(launch_requests).values(
+            job_name=bindparam("b_job"),
+            parameters=bindparam("b_params"),
+            next_run=bindparam("b_next"),
+            status=LAUNCH_PENDING,
+            created_time=self.now(),
+        )
+
+    def select_pending_launches(self, job_names: Any, limit: int) -> Select[Any]:
+        """The accepting node's poll: ids of PENDING requests for jobs it knows, oldest first."""
+        return (
+            select(launch_requests.c.request_id)
+            .where(
+                launch_requests.c.status == LAUNCH_PENDING,
+                launch_requests.c.job_name.in_(job_names),
+            )
+            .order_by(launch_requests.c.request_id)
+            .limit(limit)
+        )
+
+    def lock_pending_launches(self, request_ids: Any) -> Select[Any]:
+        """In a claim's transaction: the polled requests still PENDING, locked where the database
+        can skip rows another claimer holds (else a plain read; the guarded claim decides)."""
+        stmt = select(launch_requests.c.request_id).where(
+            launch_requests.c.request_id.in_(request_ids),
+            launch_requests.c.status == LAUNCH_PENDING,
+        )
+        if self.skip_locked():
+            return stmt.with_for_update(skip_locked=True)
+        return stmt
+
+    def claim_launches(self, node_id: Any, request_ids: Any) -> Update:
+        """PENDING -> CLAIMED by ``node_id``: a request changes state once, so one node wins it."""
+        return (
+            update(launch_requests)
+            .where(
+                launch_requests.c.request_id.in_(request_ids),
+                launch_requests.c.status == LAUNCH_PENDING,
+            )
+            .values(status=LAUNCH_CLAIMED, claimed_by=node_id, claimed_time=self.now())
+        )
+
+    def select_claimed_launches(self, node_id: Any, request_ids: Any) -> Select[Any]:
+        """What a claim won (read back in its transaction)."""
+        return (
+            select(
+                launch_requests.c.request_id,
+                launch_requests.c.job_name,
+                launch_requests.c.parameters,
+                launch_requests.c.next_run,
+            )
+            .where(
+                launch_requests.c.request_id.in_(request_ids),
+                launch_requests.c.claimed_by == node_id,
+                launch_requests.c.status == LAUNCH_CLAIMED,
+            )
+            .order_by(launch_requests.c.request_id)
+        )
+
+    def end_launch(self, request_id: Any, node_id: Any, status: str) -> Update:
+        """CLAIMED by ``node_id`` -> LAUNCHED (bound ``b_execution``, in the execution's creating
+        transaction) or FAILED (bound ``b_error``); no row changes when the claim was lost."""
+        values: dict[str, Any] = {"status": status}
+        if status == LAUNCH_LAUNCHED:
+            values["job_execution_id"] = bindparam("b_execution")
+        else:
+            values["error_message"] = bindparam("b_error")
+        return (
+            update(launch_requests)
+            .where(
+                launch_requests.c.request_id == request_id,
+                launch_requests.c.claimed_by == node_id,
+                launch_requests.c.status == LAUNCH_CLAIMED,
+            )
+            .values(**values)
+        )
+
+    def release_lost_launches(self) -> Update:
+        """CLAIMED requests whose node is gone from the registry go back to PENDING: their claimer
+        died before creating the execution (creating it marks the request LAUNCHED)."""
+        return (
+            update(launch_requests)
+            .where(
+                launch_requests.c.status == LAUNCH_CLAIMED,
+                self._node_gone(launch_requests.c.claimed_by),
+            )
+            .values(status=LAUNCH_PENDING, claimed_by=None, claimed_time=None)
+        )
+
+    def select_lost_launch(self) -> Select[Any]:
+        """Whether any request is CLAIMED by a node gone from the registry (one cheap read)."""
+        return (
+            select(launch_requests.c.request_id)
+            .where(
+                launch_requests.c.status == LAUNCH_CLAIMED,
+                self._node_gone(launch_requests.c.claimed_by),
+            )
+            .limit(1)
+        )
+
+    def select_launch_request(self, request_id: Any) -> Select[Any]:
+        return select(launch_requests).where(launch_requests.c.request_id == request_id)
+
+    def insert_schedule_fire(self) -> Insert:
+        """A tick's fire (bound ``b_name``, ``b_time``, ``b_request``, ``b_node``): its primary
+        key (schedule, tick) lets one insert in the whole cluster succeed."""
+        return insert(schedule_fires).values(
+            schedule_name=bindparam("b_name"),
+            fire_time=bindparam("b_time"),
+            request_id=bindparam("b_request"),
+            fired_by=bindparam("b_node"),
+            fired_at=self.now(),
+        )
+
+    def select_last_fire(self, schedule_name: Any) -> Select[Any]:
+        """A schedule's latest tick fired: one descent of the primary key (schedule, tick),
+        however long its history."""
+        return select(func.max(schedule_fires.c.fire_time).label("last")).where(
+            schedule_fires.c.schedule_name == schedule_name
+        )
+
+    # --- pruning ------------------------------------------------------------------------------
+    # Which executions may go is the pruner's rule (:mod:`dbcluster.cluster.maintenance.pruner`);
+    # these say how to ask for them and delete them. Every IN list is an expanding parameter
+    # (``ids``) the caller fills with at most ``partition_write_batch`` values.
+
+    def prunable_where(
+        self, statuses: Sequence[str], age_ms: int, completed: str
+    ) -> list[ColumnElement[bool]]:
+        """Conditions on ``batch_job_execution`` for an execution that may be deleted: its
+        status is one of ``statuses``, it ended more than ``age_ms`` before the database
+        clock, no coordination row of it is in flight, and the newest execution of its
+        instance is ``completed`` (an instance whose newest execution is anything else may be
+        restarted, and a restart reads every earlier execution of the instance)."""
+        je = schema.job_execution
+        newest = schema.job_execution.alias("prune_newest")
+        top = schema.job_execution.alias("prune_top")
+        newest_id = (
+            select(func.max(top.c.job_execution_id))
+            .where(top.c.job_instance_id == newest.c.job_instance_id)
+            .correlate(newest)
+            .scalar_subquery()
+        )
+        return [
+            je.c.status.in_(list(statuses)),
+            self.older_than(je.c.end_time, age_ms),
+            ~exists().where(
+                job_coordination.c.job_execution_id == je.c.job_execution_id,
+                job_coordination.c.status.in_(COORD_IN_FLIGHT),
+            ),
+            ~exists().where(
+                newest.c.job_instance_id == je.c.job_instance_id,
+                newest.c.job_execution_id == newest_id,
+                newest.c.status != completed,
+            ),
+        ]
+
+    def select_prunable(
+        self, statuses: Sequence[str], age_ms: int, completed: str, keep_last: int
+    ) -> Select[Any]:
+        """The ids of the executions that may be deleted (:meth:`prunable_where`) that are not
+        among the ``keep_last`` newest executions of their job name, oldest first."""
+        je = schema.job_execution
+        ji = schema.job_instance
+        where = self.prunable_where(statuses, age_ms, completed)
+        if keep_last <= 0:
+            return select(je.c.job_execution_id).where(*where).order_by(je.c.job_execution_id)
+        rank = (
+            func.row_number()
+            .over(partition_by=ji.c.job_name, order_by=je.c.job_execution_id.desc())
+            .label("newer")
+        )
+        ranked = (
+            select(je.c.job_execution_id, rank)
+            .join(ji, ji.c.job_instance_id == je.c.job_instance_id)
+            .subquery("prune_ranked")
+        )
+        return (
+            select(je.c.job_execution_id)
+            .join(ranked, ranked.c.job_execution_id == je.c.job_execution_id)
+            .where(ranked.c.newer > keep_last, *where)
+            .order_by(je.c.job_execution_id)
+        )
+
+    def select_prunable_recheck(
+        self, statuses: Sequence[str], age_ms: int, completed: str
+    ) -> Select[Any]:
+        """Of the executions ``ids``, those that may still be deleted (checked again in the
+        transaction that deletes them: a launch or a restart may have come since)."""
+        je = schema.job_execution
+        return select(je.c.job_execution_id).where(
+            je.c.job_execution_id.in_(bindparam("ids", expanding=True)),
+            *self.prunable_where(statuses, age_ms, completed),
+        )
+
+    def select_steps_of(self) -> Select[Any]:
+        """The step execution ids of the job executions ``ids``, with their job execution's,
+        in key order (read once; then deleted by key, a slice at a time)."""
+        se = schema.step_execution
+        return (
+            select(se.c.step_execution_id, se.c.job_execution_id)
+            .where(se.c.job_execution_id.in_(bindparam("ids", expanding=True)))
+            .order_by(se.c.step_execution_id)
+        )
+
+    def delete_step_rows(self) -> list[Delete]:
+        """Deletes of the step executions ``ids`` in foreign-key order: their partition rows,
+        their contexts, themselves."""
+        ids = bindparam("ids", expanding=True)
+        return [
+            delete(partitions).where(partitions.c.step_execution_id.in_(ids)),
+            delete(schema.step_execution_context).where(
+                schema.step_execution_context.c.step_execution_id.in_(ids)
+            ),
+            delete(schema.step_execution).where(schema.step_execution.c.step_execution_id.in_(ids)),
+        ]
+
+    def delete_job_rows(self) -> list[Delete]:
+        """Deletes of the job executions ``ids`` (their step executions already gone) in
+        foreign-key order: coordination, master history, context, parameters, themselves."""
+        ids = bindparam("ids", expanding=True)
+        tables = (
+            job_coordination,
+            job_masters,
+            schema.job_execution_context,
+            schema.job_execution_params,
+            schema.job_execution,
+        )
+        return [delete(t).where(t.c.job_execution_id.in_(ids)) for t in tables]
+
+    def select_instances_of(self) -> Select[Any]:
+        """The job instance ids of the job executions ``ids``."""
+        je = schema.job_execution
+        return (
+            select(je.c.job_instance_id)
+            .where(je.c.job_execution_id.in_(bindparam("ids", expanding=True)))
+            .distinct()
+        )
+
+    def delete_empty_instances(self) -> Delete:
+        """Deletes of the job instances ``ids`` that have no execution left."""
+        ji = schema.job_instance
+        je = schema.job_execution
+        return delete(ji).where(
+            ji.c.job_instance_id.in_(bindparam("ids", expanding=True)),
+            ~exists().where(je.c.job_instance_id == ji.c.job_instance_id),
+        )
+
+    def count_prunable(self, prunable: Select[Any]) -> dict[str, Select[Any]]:
+        """Per table, a count of the rows deleting the executions ``prunable`` selects would
+        delete (what ``--dry-run`` prints)."""
+        se = schema.step_execution
+        je = schema.job_execution
+        ji = schema.job_instance
+        # No ORDER BY in a derived table (SQL Server refuses one).
+        chosen = prunable.order_by(None).subquery("prune_chosen")
+        ids = select(chosen.c.job_execution_id)
+        steps = select(se.c.step_execution_id).where(se.c.job_execution_id.in_(ids))
+
+        def count(table: Any, *where: ColumnElement[bool]) -> Select[Any]:
+            return select(func.count()).select_from(table).where(*where)
+
+        counts = {
+            partitions.name: count(partitions, partitions.c.step_execution_id.in_(steps)),
+            schema.step_execution_context.name: count(
+                schema.step_execution_context,
+                schema.step_execution_context.c.step_execution_id.in_(steps),
+            ),
+            se.name: count(se, se.c.job_execution_id.in_(ids)),
+        }
+        for table in (
+            job_coordination,
+            job_masters,
+            schema.job_execution_context,
+            schema.job_execution_params,
+            je,
+        ):
+            counts[table.name] = count(table, table.c.job_execution_id.in_(ids))
+        other = je.alias("prune_other")
+        counts[ji.name] = count(
+            ji,
+            exists().where(
+                je.c.job_instance_id == ji.c.job_instance_id, je.c.job_execution_id.in_(ids)
+            ),
+            ~exists().where(
+                other.c.job_instance_id == ji.c.job_instance_id,
+                other.c.job_execution_id.not_in(ids),
+            ),
+        )
+        return counts
+
+    # --- leases (a maintenance task run by one node at a time) ------------------------------------
+
+    def take_lease(self, name: str, holder: str, term_ms: int) -> Update:
+        """Take or renew the lease ``name``: it changes the row when ``holder`` holds it, or its
+        holder has not renewed it for ``term_ms`` (exactly one contender wins: the row is
+        locked by the first UPDATE and the second sees it renewed)."""
+        leases = schema.leases
+        return (
+            update(leases)
+            .where(
+                leases.c.lease_name == name,
+                or_(leases.c.holder == holder, self.older_than(leases.c.renewed_at, term_ms)),
+            )
+            .values(holder=holder, renewed_at=self.now())
+        )
+
+    def select_lease(self, name: str) -> Select[Any]:
+        leases = schema.leases
+        return select(leases.c.holder, leases.c.renewed_at).where(leases.c.lease_name == name)
+
+    def insert_lease(self, name: str, holder: str) -> Insert:
+        """The lease's first row (a duplicate-key error when another node inserted it first)."""
+        return insert(schema.leases).values(lease_name=name, holder=holder, renewed_at=self.now())
+
+    def release_lease(self, name: str, holder: str) -> Delete:
+        """Give the lease up (its row goes; the next taker inserts it again)."""
+        leases = schema.leases
+        return delete(leases).where(leases.c.lease_name == name, leases.c.holder == holder)
 
     # --- helpers for subclasses -----------------------------------------------------------------
 

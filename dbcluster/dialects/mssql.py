@@ -1,9 +1,14 @@
 """SQL Server. ``DATETIME`` rounds to ~3 ms, so timestamps are ``DATETIME2(6)``; the clock is
 ``SYSUTCDATETIME()``. Staleness shifts the clock with ``DATEADD`` rather than taking a difference on
-the column (``DATEDIFF`` overflows after ~24 days of milliseconds and defeats the index)."""
+the column (``DATEDIFF`` overflows after ~24 days of milliseconds and defeats the index).
+
+Text is ``NVARCHAR`` (``VARCHAR`` under a Latin-1 collation stores other characters as "?") in
+the binary collation ``Latin1_General_100_BIN2``, so keys compare case- and accent-sensitively
+whatever the database's default collation; ``NVARCHAR(n)`` counts UTF-16 code units."""
 
 from __future__ import annotations
 
+import re
 from typing import Any, ClassVar
 
 from sqlalchemy import BigInteger, bindparam, func, literal_column
@@ -11,19 +16,63 @@ from sqlalchemy.dialects import mssql
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.types import TypeEngine
 
-from dbcluster.dialects.base import QueryProvider
+from dbcluster.dialects.base import QueryProvider, SessionLimits
 
-#: Deadlock victim, lock request timeout, snapshot update conflict.
-_TRANSIENT_ERRORS = ("(1205)", "(1222)", "(3960)")
+#: Error numbers worth repeating: deadlock victim (1205), lock request timeout (1222), snapshot
+#: update conflict (3960); Azure SQL's failover family (40197 error processing the request, 40501
+#: service busy, 40613 database not currently available); and DB-Library's (pymssql over FreeTDS)
+#: lost or refused connection: timeout (20003), read or write failed (20004, 20006), unable to
+#: connect (20009), the connection is dead (20047).
+_TRANSIENT_NUMBERS = {1205, 1222, 3960, 40197, 40501, 40613, 20003, 20004, 20006, 20009, 20047}
 #: Serialization failure, timeout, communication link failure, cannot connect, connection broken.
 _TRANSIENT_SQLSTATES = {"40001", "HYT00", "HYT01", "08S01", "08001", "08003", "08004", "08007"}
+#: pyodbc ends its message with the native error number in parentheses: "... (1205) (SQLExecute)".
+_NATIVE_NUMBER = re.compile(r"\((\d+)\)")
+#: unixODBC's "[01000] ... Can't open lib 'ODBC Driver 18 for SQL Server' : file not found".
+_MISSING_ODBC_DRIVER = re.compile(r"Can't open lib '([^']+)'")
 
 
 class MSSQLProvider(QueryProvider):
     name = "mssql"
     sqlalchemy_names = ("mssql",)
     example_url = "mssql+pyodbc://"
-    drivers: ClassVar[dict[str, str]] = {"pyodbc": "mssql", "pymssql": "mssql"}
+    default_port = 1433
+    drivers: ClassVar[dict[str, str]] = {"pyodbc": "mssql", "pymssql": "mssql-pymssql"}
+    system_libraries: ClassVar[dict[str, str]] = {
+        "libodbc": "unixODBC (Debian/Ubuntu: apt-get install unixodbc; RHEL: dnf install "
+        "unixODBC; macOS: brew install unixodbc) and Microsoft's msodbcsql18 package",
+        "odbc32": "Microsoft ODBC Driver 18 for SQL Server",
+    }
+    min_server_version = (14,)  # SQL Server 2017
+    text_collation = "Latin1_General_100_BIN2"
+    text_length_unit = "utf16"
+    alter_type_keeps_indexes = False
+
+    def add_column_sql(self, table: str, column_spec: str) -> list[str]:
+        return [f"ALTER TABLE {self.quote(table)} ADD {column_spec}"]
+
+    def alter_column_type_sql(
+        self, table: str, column: str, old_type: str, new_type: str, nullable: bool
+    ) -> list[str]:
+        null = "NULL" if nullable else "NOT NULL"
+        return [
+            f"ALTER TABLE {self.quote(table)} ALTER COLUMN {self.quote(column)} {new_type} {null}"
+        ]
+
+    def drop_primary_key_sql(self, table: str, name: str | None) -> list[str]:
+        if name is not None:
+            return [f"ALTER TABLE {self.quote(table)} DROP CONSTRAINT {self.quote(name)}"]
+        # An unnamed key got a generated name (PK__batch_no__...): look it up.
+        literal = table.replace("'", "''")
+        return [
+            "DECLARE @pk sysname = (SELECT name FROM sys.key_constraints "
+            f"WHERE parent_object_id = OBJECT_ID('{literal}') AND type = 'PK'); "
+            f"EXEC('ALTER TABLE {self.quote(table)} DROP CONSTRAINT ' + @pk)"
+        ]
+
+    @classmethod
+    def text_type(cls, length: int) -> TypeEngine[Any]:
+        return mssql.NVARCHAR(length, collation=cls.text_collation)
 
     @classmethod
     def column_type(cls, kind: str) -> TypeEngine[Any] | None:
@@ -41,10 +90,39 @@ class MSSQLProvider(QueryProvider):
         shift = bindparam(None, -ms, type_=BigInteger(), unique=True)
         return column < func.dateadd(literal_column("millisecond"), shift, self.now())
 
+    def connect_error_hint(self, error: BaseException) -> str | None:
+        message = " ".join(str(a) for a in getattr(error, "args", ()))
+        if "certificate verify failed" in message:
+            return (
+                "the server's TLS certificate is not trusted (ODBC Driver 18 encrypts and "
+                "verifies by default): add TrustServerCertificate=yes to the URL's query for a "
+                "self-signed certificate, or install one your machine trusts"
+            )
+        missing = _MISSING_ODBC_DRIVER.search(message)
+        if missing or "[IM002]" in message:
+            name = missing.group(1) if missing else "the ODBC driver named in the URL"
+            return (
+                f"unixODBC cannot load {name}: install Microsoft's ODBC driver (package "
+                "msodbcsql18), or name an installed one in the URL's driver= parameter"
+            )
+        return None
+
     def _is_transient_driver_error(self, orig: BaseException | None) -> bool:
         args = getattr(orig, "args", ())
+        if len(args) == 1 and isinstance(args[0], tuple):
+            args = args[0]  # pymssql's connect errors wrap (number, message) in one tuple
         if not args:
             return False
-        sqlstate = str(args[0])
+        if isinstance(args[0], int):  # pymssql: (number, b"message")
+            return args[0] in _TRANSIENT_NUMBERS
+        # pyodbc: (sqlstate, "[sqlstate] [driver][SQL Server]message (number) (function)")
         message = " ".join(str(a) for a in args[1:])
-        return sqlstate in _TRANSIENT_SQLSTATES or any(e in message for e in _TRANSIENT_ERRORS)
+        numbers = {int(n) for n in _NATIVE_NUMBER.findall(message)}
+        return str(args[0]) in _TRANSIENT_SQLSTATES or bool(numbers & _TRANSIENT_NUMBERS)
+
+    def session_statements(self, limits: SessionLimits) -> list[str]:
+        """``LOCK_TIMEOUT`` bounds every lock wait of the session (error 1222, transient). SQL
+        Server has no idle-in-transaction timeout: a frozen session's locks last until its
+        connection drops, so a DBA runs the database with READ_COMMITTED_SNAPSHOT (readers do
+        not wait) and a job that ends long-idle blocking sessions."""
+        return [f"SET LOCK_TIMEOUT {int(limits.lock_timeout_ms)}"]

@@ -4,6 +4,10 @@ MariaDB provider differs only in the names it answers to.
 ``DATETIME`` without a precision keeps whole seconds, so timestamps are ``DATETIME(6)`` and the
 clock is ``UTC_TIMESTAMP(6)``. Transactions run at READ COMMITTED: fewer gap locks, fewer of the
 deadlocks other database-backed queues keep reporting on InnoDB.
+
+Text columns are ``utf8mb4`` in the binary collation ``utf8mb4_bin``: the servers' defaults
+(MySQL 8: ``utf8mb4_0900_ai_ci``, MariaDB: ``utf8mb4_general_ci``) would make 'Job' and 'job',
+and on MySQL 8 'é' and 'e', one key.
 """
 
 from __future__ import annotations
@@ -17,19 +21,45 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.types import TypeEngine
 
-from dbcluster.dialects.base import QueryProvider
+from dbcluster.dialects.base import QueryProvider, SessionLimits
 from dbcluster.schema import nodes
 
-#: Deadlock, lock wait timeout, server gone away, lost connection, cannot connect, shutdown,
-#: client disconnected by the server.
-_TRANSIENT_ERRNOS = {1213, 1205, 2006, 2013, 2003, 1053, 4031}
+#: Deadlock (1213), lock wait timeout (1205), server shutdown (1053), the server closed an idle or
+#: killed connection (4031; MariaDB's 1927), a Group Replication conflict rolled the commit back
+#: (3101), and the client's lost or refused connection: 2002 (local socket), 2003 (TCP), 2006
+#: (server gone away), 2013 and 2055 (lost during a query).
+#: The server-status bit of an open transaction (the protocol's SERVER_STATUS_IN_TRANS).
+_SERVER_STATUS_IN_TRANS = 0x0001
+_TRANSIENT_ERRNOS = {1213, 1205, 1053, 4031, 1927, 3101, 2002, 2003, 2006, 2013, 2055}
 
 
 class MySQLProvider(QueryProvider):
     name = "mysql"
     sqlalchemy_names = ("mysql",)
     example_url = "mysql+pymysql://"
-    drivers: ClassVar[dict[str, str]] = {"pymysql": "mysql", "mysqldb": "mysql"}
+    default_port = 3306
+    drivers: ClassVar[dict[str, str]] = {
+        "pymysql": "mysql",
+        "mysqldb": "mysql-mysqlclient",
+        "mariadbconnector": "mariadb-connector",
+    }
+    system_libraries: ClassVar[dict[str, str]] = {
+        "libmysqlclient": "the MySQL client library (Debian/Ubuntu: libmysqlclient21)",
+        "libmariadb": "MariaDB Connector/C (Debian/Ubuntu: libmariadb3)",
+    }
+    #: MySQL 8.0 and MariaDB 10.6 (the oldest supported) both have SKIP LOCKED.
+    supports_skip_locked = True
+    min_server_version = (8, 0)
+    text_collation = "utf8mb4_bin"
+    #: Each DDL statement commits on its own.
+    transactional_ddl = False
+
+    def alter_column_type_sql(
+        self, table: str, column: str, old_type: str, new_type: str, nullable: bool
+    ) -> list[str]:
+        # MODIFY restates the whole column: its nullability too (these columns have no default).
+        null = "NULL" if nullable else "NOT NULL"
+        return [f"ALTER TABLE {self.quote(table)} MODIFY {self.quote(column)} {new_type} {null}"]
 
     @classmethod
     def column_type(cls, kind: str) -> TypeEngine[Any] | None:
@@ -49,21 +79,86 @@ class MySQLProvider(QueryProvider):
     def engine_options(self) -> dict[str, Any]:
         return {**super().engine_options(), "isolation_level": "READ COMMITTED"}
 
-    def coordination_engine_options(self) -> dict[str, Any]:
-        return {"connect_args": {"init_command": "SET SESSION innodb_lock_wait_timeout = 5"}}
+    def session_engine_options(self, limits: SessionLimits) -> dict[str, Any]:
+        """The lock wait bound (whole seconds, at least one) and the idle bound, in the session's
+        ``init_command``. MySQL has no idle-in-transaction timeout: the closest is
+        ``wait_timeout``, which ends any session idle that long, in a transaction or not; the
+        pool then recycles connections at half that age so it never hands out one the server
+        ended for idleness."""
+        settings = [f"innodb_lock_wait_timeout = {_seconds(limits.lock_timeout_ms)}"]
+        options: dict[str, Any] = {}
+        if limits.idle_in_transaction_ms is not None:
+            idle = _seconds(limits.idle_in_transaction_ms)
+            settings.append(self._idle_setting(idle))
+            options.update(self._idle_engine_options(idle))
+        init = "SET SESSION " + ", ".join(settings)
+        return {**options, "connect_args": {"init_command": init}}
+
+    def _idle_setting(self, seconds: int) -> str:
+        return f"wait_timeout = {seconds}"
+
+    def _idle_engine_options(self, seconds: int) -> dict[str, Any]:
+        return {"pool_recycle": max(1, seconds // 2)}
+
+    def in_transaction(self, dbapi_connection: Any) -> bool | None:
+        """From the status flags of the server's last reply (PyMySQL keeps them): PyMySQL sends
+        a ROLLBACK whenever asked, even with no transaction open."""
+        status = getattr(dbapi_connection, "server_status", None)
+        if not isinstance(status, int):
+            return None
+        return bool(status & _SERVER_STATUS_IN_TRANS)
 
     def register_node(self, conn: Connection, node_id: str, host: str, capacity: int = 0) -> None:
         values = self._node_values(host, capacity)
         stmt = mysql_insert(nodes).values(node_id=node_id, created_time=self.now(), **values)
         conn.execute(stmt.on_duplicate_key_update(**values))
 
+    def connect_error_hint(self, error: BaseException) -> str | None:
+        # PyMySQL raises a bare RuntimeError when the server's authentication plugin needs a
+        # package it lacks: caching_sha2_password (MySQL 8's default) or MariaDB's ed25519.
+        message = str(error) if isinstance(error, RuntimeError) else ""
+        if "'cryptography' package is required" in message:
+            return (
+                "the server authenticates with caching_sha2_password (MySQL 8's default), "
+                "for which PyMySQL needs the 'cryptography' package: "
+                f"pip install 'dbcluster[{self.name}]'"
+            )
+        if "'pynacl' package is required" in message:
+            return (
+                "the server authenticates with ed25519, for which PyMySQL needs the 'pynacl' "
+                "package: pip install pynacl"
+            )
+        return None
+
     def _is_transient_driver_error(self, orig: BaseException | None) -> bool:
-        args = getattr(orig, "args", ())
-        return bool(args) and isinstance(args[0], int) and args[0] in _TRANSIENT_ERRNOS
+        # PyMySQL and mysqlclient: args = (errno, message); MariaDB Connector/Python: args =
+        # (message,) with the number as ``errno``.
+        errno = getattr(orig, "errno", None)
+        if not isinstance(errno, int):
+            args = getattr(orig, "args", ())
+            errno = args[0] if args and isinstance(args[0], int) else None
+        return errno in _TRANSIENT_ERRNOS
 
 
 class MariaDBProvider(MySQLProvider):
     name = "mariadb"
     sqlalchemy_names = ("mariadb",)
     example_url = "mariadb+pymysql://"
-    drivers: ClassVar[dict[str, str]] = {"pymysql": "mariadb", "mariadbconnector": "mariadb"}
+    drivers: ClassVar[dict[str, str]] = {
+        "pymysql": "mariadb",
+        "mysqldb": "mysql-mysqlclient",
+        "mariadbconnector": "mariadb-connector",
+    }
+    min_server_version = (10, 6)
+
+    def _idle_setting(self, seconds: int) -> str:
+        # MariaDB ends only sessions idle *inside* a transaction (10.3 and later).
+        return f"idle_transaction_timeout = {seconds}"
+
+    def _idle_engine_options(self, seconds: int) -> dict[str, Any]:
+        return {}
+
+
+def _seconds(ms: int) -> int:
+    """Whole seconds for a MySQL/MariaDB timeout variable, rounded up, at least one."""
+    return max(1, -(-int(ms) // 1000))

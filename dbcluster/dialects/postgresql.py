@@ -3,27 +3,54 @@
 
 from __future__ import annotations
 
+import re
+import select as select_module
 from datetime import timedelta
 from typing import Any, ClassVar
 
-from sqlalchemy import Interval, literal
+from sqlalchemy import Engine, Interval, Select, Text, column, func, literal, select
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
-from dbcluster.dialects.base import QueryProvider
+from dbcluster.dialects.base import Listener, QueryProvider, SessionLimits
 from dbcluster.schema import nodes
 
+#: What a channel name made by :meth:`QueryProvider.wake_channel` looks like (it goes into
+#: ``LISTEN`` as an identifier, which cannot be a bound parameter).
+_CHANNEL = re.compile(r"^[a-z0-9_]{1,63}$")
+
 #: SQLSTATEs worth repeating: serialization failure, deadlock, lock not available, admin/crash
-#: shutdown, cannot connect now, too many connections.
-_TRANSIENT_SQLSTATES = {"40001", "40P01", "55P03", "57P01", "57P02", "57P03", "53300"}
+#: shutdown, cannot connect now, too many connections, a session ended for idling in a
+#: transaction (or idling at all).
+_TRANSIENT_SQLSTATES = {
+    "40001",
+    "40P01",
+    "55P03",
+    "57P01",
+    "57P02",
+    "57P03",
+    "53300",
+    "25P03",
+    "57P05",
+}
+#: Connect failures that repeating will not cure.
+_PERMANENT_CONNECT_ERRORS = ("authentication failed", "does not exist", "no pg_hba.conf entry")
 
 
 class PostgreSQLProvider(QueryProvider):
     name = "postgresql"
     sqlalchemy_names = ("postgresql",)
     example_url = "postgresql+psycopg://"
-    drivers: ClassVar[dict[str, str]] = {"psycopg": "postgresql", "psycopg2": "postgresql"}
+    default_port = 5432
+    drivers: ClassVar[dict[str, str]] = {
+        "psycopg": "postgresql",
+        "psycopg2": "postgresql-psycopg2",
+    }
+    supports_skip_locked = True
+    supports_listen_notify = True
+    min_server_version = (13,)
 
     def now(self) -> ColumnElement[Any]:
         return self._clock("timezone('UTC', clock_timestamp())")
@@ -31,11 +58,20 @@ class PostgreSQLProvider(QueryProvider):
     def older_than(self, column: ColumnElement[Any], ms: int) -> ColumnElement[bool]:
         return column < self.now() - literal(timedelta(milliseconds=ms), Interval())
 
+    def standalone_read_options(self) -> dict[str, Any]:
+        # psycopg switches autocommit on and off without a round trip.
+        return {"isolation_level": "AUTOCOMMIT"}
+
     def drop_database_sql(self, name: str) -> str:
         return f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"
 
-    def coordination_engine_options(self) -> dict[str, Any]:
-        return {"connect_args": {"options": "-c lock_timeout=5000"}}
+    def session_engine_options(self, limits: SessionLimits) -> dict[str, Any]:
+        """Both bounds as server settings of the session, sent with the connection request."""
+        options = f"-c lock_timeout={int(limits.lock_timeout_ms)}"
+        if limits.idle_in_transaction_ms is not None:
+            idle = int(limits.idle_in_transaction_ms)
+            options += f" -c idle_in_transaction_session_timeout={idle}"
+        return {"connect_args": {"options": options}}
 
     def register_node(self, conn: Connection, node_id: str, host: str, capacity: int = 0) -> None:
         values = self._node_values(host, capacity)
@@ -45,5 +81,68 @@ class PostgreSQLProvider(QueryProvider):
     def _is_transient_driver_error(self, orig: BaseException | None) -> bool:
         sqlstate = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
         if not sqlstate:
-            return False
+            # A failed connect (refused, reset, the server starting or stopping) is an
+            # OperationalError without a SQLSTATE; a wrong role, password or database is not
+            # worth repeating.
+            operational = any(c.__name__ == "OperationalError" for c in type(orig).__mro__)
+            message = str(orig).lower()
+            return operational and not any(p in message for p in _PERMANENT_CONNECT_ERRORS)
         return sqlstate in _TRANSIENT_SQLSTATES or sqlstate.startswith("08")
+
+    # --- wake-ups -------------------------------------------------------------------------------
+
+    def notify(self, channels: Any) -> Select[Any]:
+        """``pg_notify`` on each channel of the (array) parameter, in one statement; delivered
+        when the transaction commits."""
+        channel = column("channel", Text())
+        names = func.unnest(channels).table_valued(channel).render_derived()
+        return select(func.count(func.pg_notify(names.c.channel, ""))).select_from(names)
+
+    def notify_parameter(self, name: str) -> Any:
+        from sqlalchemy import bindparam
+
+        return bindparam(name, type_=ARRAY(Text()))
+
+    def open_listener(self, engine: Engine, channel: str) -> Listener:
+        if not _CHANNEL.match(channel):
+            raise ValueError(f"not a wake-up channel: {channel!r}")
+        return _PostgreSQLListener(engine, channel)
+
+
+class _PostgreSQLListener:
+    """One pooled connection of its own (autocommit), listening on one channel; invalidated (not
+    returned to the pool) when closed."""
+
+    def __init__(self, engine: Engine, channel: str) -> None:
+        self._raw = engine.raw_connection()
+        try:
+            driver = self._raw.driver_connection
+            driver.autocommit = True
+            cursor = driver.cursor()
+            try:
+                cursor.execute(f"LISTEN {channel}")
+            finally:
+                cursor.close()
+        except BaseException:
+            self._raw.invalidate()
+            raise
+        self._driver = driver
+
+    def wait(self, timeout: float) -> bool:
+        driver = self._driver
+        notifies = getattr(driver, "notifies", None)
+        if callable(notifies):  # psycopg 3.2 and later
+            for _ in notifies(timeout=timeout, stop_after=1):
+                return True
+            return False
+        # psycopg2: wait for the socket, then let the driver read what arrived.
+        if not driver.notifies:
+            ready, _, _ = select_module.select([driver], [], [], timeout)
+            if ready:
+                driver.poll()
+        woke = bool(driver.notifies)
+        driver.notifies.clear()
+        return woke
+
+    def close(self) -> None:
+        self._raw.invalidate()

@@ -1,23 +1,31 @@
-"""Picks the query provider for a URL, an engine or a dialect name.
+"""Picks the query provider for a URL, an engine, a dialect or a provider name.
 
 Built-in providers are keyed by name, in the manner of Alembic's implementation registry; third
 parties add theirs through the ``dbcluster.dialects`` entry-point group (name = the provider's
 ``name``, value = ``module:ProviderClass``).
+
+There is one answer per database, wherever it is asked: a URL goes to the provider registered
+under its scheme, else to the one whose ``sqlalchemy_names`` has the URL's dialect name; every
+provider built here is bound to its dialect instance, so the column types of the tables compile
+with the provider that was chosen (even when its dialect's name is also another provider's); a
+dialect met without a binding goes by its name, and one that no provider serves is an error.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import re
+import time
 import weakref
 from importlib.metadata import entry_points
 from typing import Any
 
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, Dialect, make_url
-from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+from sqlalchemy.exc import ArgumentError, DisconnectionError, NoSuchModuleError
 
-from dbcluster.dialects.base import QueryProvider
+from dbcluster.dialects.base import QueryProvider, SessionLimits
 from dbcluster.errors import MissingDriverError, UnsupportedBackendError
 
 ENTRY_POINT_GROUP = "dbcluster.dialects"
@@ -35,6 +43,10 @@ BUILTIN_NAMES: tuple[str, ...] = tuple(_BUILTIN)
 
 _classes: dict[str, type[QueryProvider]] = {}
 _engine_providers: weakref.WeakKeyDictionary[Engine, QueryProvider] = weakref.WeakKeyDictionary()
+#: The provider chosen for each dialect instance the registry built or met (see the module doc).
+_dialect_providers: weakref.WeakKeyDictionary[Dialect, type[QueryProvider]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def _load(target: str) -> type[QueryProvider]:
@@ -90,9 +102,25 @@ def provider_class_for_dialect_name(
     if missing_ok:
         return None
     raise UnsupportedBackendError(
-        f"no dbcluster provider for the SQLAlchemy dialect {dialect_name!r}; "
-        f"supported: {', '.join(known_names())}"
+        f"no dbcluster provider serves the SQLAlchemy dialect {dialect_name!r} (a provider lists "
+        f"the dialect names it serves in sqlalchemy_names); supported: {', '.join(known_names())}"
     )
+
+
+def provider_class_for_dialect(dialect: Dialect) -> type[QueryProvider]:
+    """The provider serving a dialect instance: the one the registry chose for it, else the one
+    that serves its name. Raises :class:`UnsupportedBackendError` when none does."""
+    bound = _dialect_providers.get(dialect)
+    if bound is not None:
+        return bound
+    found = provider_class_for_dialect_name(dialect.name)
+    assert found is not None
+    return found
+
+
+def _bind(provider: QueryProvider) -> QueryProvider:
+    _dialect_providers[provider.dialect] = type(provider)
+    return provider
 
 
 def parse_url(url: str | URL) -> URL:
@@ -125,6 +153,15 @@ def _provider_class_for_url(url: URL) -> type[QueryProvider]:
         return provider_class(backend)
     found = provider_class_for_dialect_name(backend, missing_ok=True)
     if found is None:
+        # A scheme that is an alias of a dialect (its entry point names another dialect class):
+        # the provider of the dialect SQLAlchemy will load, as an engine for this URL would say.
+        try:
+            dialect_name = url.get_dialect().name
+        except (NoSuchModuleError, ImportError):
+            dialect_name = None
+        if dialect_name is not None:
+            found = provider_class_for_dialect_name(dialect_name, missing_ok=True)
+    if found is None:
         raise UnsupportedBackendError(
             f"unsupported database {backend!r} in {_safe(url)}; "
             f"supported: {', '.join(known_names())}"
@@ -136,52 +173,116 @@ def _dialect_class(url: URL, provider: type[QueryProvider]) -> type[Dialect]:
     try:
         return url.get_dialect()
     except NoSuchModuleError as exc:
-        extra = next(iter(provider.drivers.values()), provider.name)
+        driver = url.drivername.partition("+")[2] or None
         raise MissingDriverError(
             f"SQLAlchemy cannot load the dialect for {_safe(url)}; "
-            f"install it with: pip install 'dbcluster[{extra}]'"
+            f"{provider.driver_install_hint(driver)}"
         ) from exc
+
+
+#: The library a failed ``dlopen`` names: "libodbc.so.2: cannot open shared object file",
+#: "Library not loaded: libodbc.2.dylib", "DLL load failed ... odbc32.dll".
+_SHARED_LIBRARY = re.compile(r"(lib[\w+-]+\.(?:so|dylib)[\w.]*|[\w-]+\.dll)")
 
 
 def check_driver(url: URL, provider: type[QueryProvider]) -> None:
-    """Fail with the pip command to run when the URL's driver is not installed."""
+    """Fail with the pip command to run when the URL's driver is not installed, or with the
+    system library to install when the driver is there but cannot load it."""
     dialect_class = _dialect_class(url, provider)
+    driver = url.get_driver_name()
     try:
         dialect_class.import_dbapi()
     except ImportError as exc:
-        driver = url.get_driver_name()
-        extra = provider.drivers.get(driver, provider.name)
+        library = _SHARED_LIBRARY.search(str(exc))
+        if library is not None and not isinstance(exc, ModuleNotFoundError):
+            name = library.group(1)
+            hints = provider.system_libraries.items()
+            what = next(
+                (how for prefix, how in hints if name.startswith(prefix)),
+                "the operating system package that provides it",
+            )
+            raise MissingDriverError(
+                f"the driver {driver!r} for {provider.name} is installed but cannot load the "
+                f"system library {name}; install {what}"
+            ) from exc
         raise MissingDriverError(
             f"the driver {driver!r} for {provider.name} is not installed; "
-            f"install it with: pip install 'dbcluster[{extra}]'"
+            f"{provider.driver_install_hint(driver)}"
         ) from exc
 
 
-def provider_for_url(url: str | URL) -> QueryProvider:
-    """A provider instance for a URL, with the URL's own dialect (no connection made)."""
+def provider_for_url(
+    url: str | URL, server_version: tuple[int, ...] | None = None
+) -> QueryProvider:
+    """A provider instance for a URL, with the URL's own dialect made fit to compile statements
+    and DDL without a server for ``server_version`` (default: the oldest the provider supports;
+    :meth:`QueryProvider.offline_dialect`); no connection is made."""
     parsed = parse_url(url)
     provider = _provider_class_for_url(parsed)
-    return provider(_dialect_class(parsed, provider)())
+    return _bind(
+        provider(_offline_dialect(provider, _dialect_class(parsed, provider), server_version))
+    )
 
 
-def provider_for_name(name: str) -> QueryProvider:
-    """A provider instance for a provider name, with a dialect fit to compile statements."""
+def provider_for_name(name: str, server_version: tuple[int, ...] | None = None) -> QueryProvider:
+    """A provider instance for a provider name, with a dialect fit to compile statements for
+    ``server_version`` (default: the oldest the provider supports)."""
     provider = provider_class(name)
     dialect_class = _dialect_class(make_url(provider.example_url), provider)
-    return provider(provider.offline_dialect(dialect_class))
+    return _bind(provider(_offline_dialect(provider, dialect_class, server_version)))
 
 
-def make_engine(url: str | URL, *, coordination: bool = False, **kwargs: Any) -> Engine:
+def _offline_dialect(
+    provider: type[QueryProvider],
+    dialect_class: type[Dialect],
+    server_version: tuple[int, ...] | None,
+) -> Dialect:
+    oldest = provider.min_server_version
+    if server_version is not None and oldest and server_version < oldest:
+        raise UnsupportedBackendError(
+            f"dbcluster supports {provider.name} {_version(oldest)} and later, "
+            f"not {_version(server_version)}"
+        )
+    if server_version is None:
+        # A third party's hook may predate the server_version argument.
+        return provider.offline_dialect(dialect_class)
+    return provider.offline_dialect(dialect_class, server_version)
+
+
+def _version(version: tuple[int, ...]) -> str:
+    return ".".join(str(part) for part in version)
+
+
+def make_engine(
+    url: str | URL,
+    *,
+    coordination: bool = False,
+    limits: SessionLimits | None = None,
+    autocommit: bool = False,
+    ping: bool = True,
+    **kwargs: Any,
+) -> Engine:
     """``create_engine`` with what the URL's database needs (pragmas, isolation, pool checks),
     after checking that the provider and driver exist. ``coordination`` marks a node's own
-    engine for its short coordination statements."""
+    engine for its short coordination statements; ``limits`` bounds every session's lock waits
+    and idle transactions (see :class:`~dbcluster.dialects.base.SessionLimits`); ``autocommit``
+    makes every statement commit on its own (only where the provider ``supports_autocommit``);
+    ``ping`` checks a pooled connection of a network database that sat idle for a while
+    before handing it out (see :attr:`~dbcluster.dialects.base.QueryProvider.ping_idle_after_s`)."""
     parsed = parse_url(url)
     provider_cls = _provider_class_for_url(parsed)
     check_driver(parsed, provider_cls)
     provider = provider_cls(_dialect_class(parsed, provider_cls)())
-    options = {**provider.engine_options()}
-    if coordination:
-        extra = provider.coordination_engine_options()
+    # A connection goes back to the pool rolled back only if it has a transaction open (see
+    # _reset_when_needed): SQLAlchemy's own reset rolls back after every COMMIT, a round trip
+    # with drivers that do not check first.
+    options: dict[str, Any] = {"pool_reset_on_return": None, **provider.engine_options()}
+    if autocommit:
+        if not provider.supports_autocommit:
+            raise UnsupportedBackendError(f"{provider.name} has no autocommit engine")
+        options.update(provider.autocommit_engine_options())
+    if limits is not None:
+        extra = provider.session_engine_options(limits)
         connect_args = {**options.get("connect_args", {}), **extra.pop("connect_args", {})}
         options.update(extra)
         if connect_args:
@@ -189,22 +290,76 @@ def make_engine(url: str | URL, *, coordination: bool = False, **kwargs: Any) ->
     options.update(kwargs)
     engine = create_engine(parsed, **options)
     provider.dialect = engine.dialect
-    provider.configure_engine(engine, coordination=coordination)
-    _engine_providers[engine] = provider
+    provider.limits = limits
+    if autocommit:
+        provider.configure_engine(engine, coordination=coordination, autocommit=True)
+    else:
+        provider.configure_engine(engine, coordination=coordination)
+    if ping and provider.network_backend and not kwargs.get("pool_pre_ping"):
+        _ping_when_idle(engine, provider.ping_idle_after_s)
+    if options.get("pool_reset_on_return", "rollback") is None and not autocommit:
+        _reset_when_needed(engine, provider)
+    if limits is not None and provider.needs_session_hook(limits):
+        event.listen(
+            engine,
+            "connect",
+            lambda dbapi_connection, _record: provider.configure_session(dbapi_connection, limits),
+        )
+
+    @event.listens_for(engine, "do_connect")
+    def _connect(dialect: Dialect, _record: Any, cargs: Any, cparams: Any) -> Any:
+        # Connects as SQLAlchemy would, so that a failure the user must mend outside dbcluster
+        # (some, like PyMySQL's missing-package RuntimeError, are not driver errors at all)
+        # becomes one clear line.
+        try:
+            return dialect.connect(*cargs, **cparams)
+        except Exception as exc:
+            hint = provider.connect_error_hint(exc)
+            if hint:
+                raise MissingDriverError(hint) from exc
+            raise
+
+    _engine_providers[engine] = _bind(provider)
     return engine
+
+
+def _ping_when_idle(engine: Engine, after_s: float) -> None:
+    """Ping a pooled connection on checkout only when it sat idle for ``after_s`` or longer: a
+    connection used moments ago costs no extra round trip (``pool_pre_ping`` pings every
+    checkout). A failed ping makes the pool replace the connection."""
+
+    @event.listens_for(engine, "checkin")
+    def _checkin(_dbapi_connection: Any, record: Any) -> None:
+        record.info["dbcluster_idle_since"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        since = record.info.pop("dbcluster_idle_since", None)
+        if since is None or time.monotonic() - since < after_s:
+            return
+        try:
+            engine.dialect.do_ping(dbapi_connection)
+        except Exception as exc:  # noqa: BLE001 - the pool replaces it and tries again
+            raise DisconnectionError(f"a pooled connection failed its ping: {exc}") from exc
+
+
+def _reset_when_needed(engine: Engine, provider: QueryProvider) -> None:
+    """Roll back a connection coming back to the pool unless SQLAlchemy just ended its
+    transaction or the driver says none is open (SQLAlchemy's "custom reset" recipe)."""
+
+    @event.listens_for(engine, "reset")
+    def _reset(dbapi_connection: Any, _record: Any, state: Any) -> None:
+        if state.terminate_only or state.transaction_was_reset:
+            return
+        if provider.in_transaction(dbapi_connection) is False:
+            return
+        dbapi_connection.rollback()
 
 
 def get_provider(engine: Engine) -> QueryProvider:
     """The provider for an engine (the one it was made with, or one chosen from its dialect)."""
     provider = _engine_providers.get(engine)
     if provider is None:
-        by_url = engine.url.get_backend_name()
-        provider_cls = (
-            provider_class(by_url)
-            if by_url in known_names()
-            else provider_class_for_dialect_name(engine.dialect.name)
-        )
-        assert provider_cls is not None
-        provider = provider_cls(engine.dialect)
+        provider = _bind(_provider_class_for_url(engine.url)(engine.dialect))
         _engine_providers[engine] = provider
     return provider

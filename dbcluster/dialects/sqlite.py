@@ -29,9 +29,18 @@ class SQLiteProvider(QueryProvider):
     can_create_database = False
     drivers: ClassVar[dict[str, str]] = {}
     network_backend = False
+    #: ``INSERT ... ON CONFLICT DO UPDATE``.
+    min_server_version = (3, 24)
 
     #: Seconds a connection waits for another process's write lock before giving up.
     busy_timeout_s: ClassVar[float] = 30.0
+
+    def alter_column_type_sql(
+        self, table: str, column: str, old_type: str, new_type: str, nullable: bool
+    ) -> list[str]:
+        # SQLite has no ALTER COLUMN; its types are affinities, and every revision so far keeps
+        # SQLite's rendered types, so none asks for this.
+        raise NotImplementedError(f"SQLite cannot change {table}.{column} to {new_type}")
 
     @classmethod
     def column_type(cls, kind: str) -> TypeEngine[Any] | None:
@@ -54,7 +63,9 @@ class SQLiteProvider(QueryProvider):
     def engine_options(self) -> dict[str, Any]:
         return {"connect_args": {"timeout": self.busy_timeout_s, "check_same_thread": False}}
 
-    def configure_engine(self, engine: Engine, *, coordination: bool = False) -> None:
+    def configure_engine(
+        self, engine: Engine, *, coordination: bool = False, autocommit: bool = False
+    ) -> None:
         """WAL so readers do not block the writer. Coordination engines begin ``IMMEDIATE``:
         their transactions are short and some read before they write, and a deferred
         transaction that upgrades after another writer committed fails at once with
@@ -73,6 +84,9 @@ class SQLiteProvider(QueryProvider):
                 cursor.execute("PRAGMA synchronous = NORMAL")
             cursor.execute("PRAGMA foreign_keys = ON")
             cursor.close()
+
+        if autocommit:
+            return
 
         @event.listens_for(engine, "begin")
         def _on_begin(conn: Connection) -> None:

@@ -11,6 +11,14 @@ fail), ``fail_mode`` (``raise`` or ``status``: end FAILED without raising), ``pe
 clock), in that chunk's guarded transaction. The effect (the ledger row) commits with a ``done``
 marker in the step context, so a restarted execution, which resumes from that context, never
 records the same partition twice: the restartable-step pattern the batch model is built for.
+
+``dbc_test_commits`` judges fencing by commit order: with :func:`install_observer`, the last
+statement of every fenced transaction (after the engine's own fence, just before ``COMMIT``)
+reads its owner row with a lock (the partition's row for a worker, the coordination row for a
+master) and records what it saw. A row that commits with an owner other than the writer's own
+(another node or attempt, another master or epoch) proves a write landed after its partition or
+job moved. The ``ledger-steps`` job ends with a step its master runs itself, whose effect
+(``dbc_test_master_effects``) must land once per job instance.
 """
 
 from __future__ import annotations
@@ -34,13 +42,17 @@ from sqlalchemy import (
 )
 
 from dbcluster.batch import (
+    AutoRestart,
     ChunkContext,
+    ChunkStep,
     ExecutionContext,
+    IterableItemReader,
     Job,
     JobRegistry,
     PartitionStep,
     RepeatStatus,
     TaskletStep,
+    item_writer,
 )
 from dbcluster.batch.partition import BasePartitioner
 from dbcluster.batch.status import BatchStatus
@@ -77,6 +89,44 @@ runs = Table(
     Column("attempt", Integer),
     Column("transferable", Boolean(name="ck_runs_transferable"), nullable=False),
     Column("started", Timestamp),
+)
+
+commits = Table(
+    "dbc_test_commits",
+    ledger_metadata,
+    Column("id", Id, Identity(start=1), primary_key=True),
+    Column("job_execution_id", BigInteger, nullable=False),
+    Column("step_execution_id", BigInteger),
+    Column("kind", String(20), nullable=False),  # "partition" or "master"
+    Column("final", Boolean(name="ck_commits_final"), nullable=False),
+    Column("node_id", String(100), nullable=False),
+    Column("token", Integer, nullable=False),  # the attempt, or the master's epoch
+    Column("seen_node", String(100)),
+    Column("seen_token", Integer),
+    Column("seen_status", String(20)),
+    Column("at", Timestamp),
+)
+
+master_effects = Table(
+    "dbc_test_master_effects",
+    ledger_metadata,
+    Column("id", Id, Identity(start=1), primary_key=True),
+    Column("job_execution_id", BigInteger, nullable=False),
+    Column("job_key", String(100), nullable=False),
+    Column("node_id", String(100)),
+    Column("epoch", Integer),
+    Column("at", Timestamp),
+)
+
+items_written = Table(
+    "dbc_test_items",
+    ledger_metadata,
+    Column("id", Id, Identity(start=1), primary_key=True),
+    Column("job_execution_id", BigInteger, nullable=False),
+    Column("job_key", String(100), nullable=False),
+    Column("item", Integer, nullable=False),
+    Column("node_id", String(100)),
+    Column("epoch", Integer),
 )
 
 TICK_S = 0.02
@@ -131,17 +181,89 @@ class RangePartitioner(BasePartitioner):
         return self.transferable
 
 
+class RetryableError(Exception):
+    """What the ``ledger-retry`` job's partition step declares worth another try."""
+
+
 def _param(ctx: ChunkContext, name: str, default: Any) -> Any:
     params = ctx.job_parameters
     return params[name] if name in params else default
 
 
+def _observe(
+    conn: Any, step_execution: Any = None, job_execution: Any = None, **details: Any
+) -> None:
+    """Record, in the transaction about to commit, the owner row it holds (see the module)."""
+    from sqlalchemy import select
+
+    from dbcluster.cluster.fencing import PartitionFence
+    from dbcluster.cluster.mastership import Mastership
+    from dbcluster.dialects import get_provider
+    from dbcluster.schema import job_coordination, partitions
+
+    execution = step_execution if step_execution is not None else job_execution
+    fence = getattr(execution, "fence", None)
+    if isinstance(fence, PartitionFence):
+        kind, node_id, token = "partition", fence.node_id, fence.attempt
+        seen = conn.execute(
+            select(partitions.c.assigned_node, partitions.c.attempt, partitions.c.status)
+            .where(partitions.c.step_execution_id == fence.step_execution_id)
+            .with_for_update()
+        ).first()
+        job_execution_id = step_execution.job_execution.id
+    elif isinstance(fence, Mastership):
+        kind, node_id, token = "master", fence.node_id, fence.epoch
+        seen = conn.execute(
+            select(
+                job_coordination.c.master_node,
+                job_coordination.c.master_epoch,
+                job_coordination.c.status,
+            )
+            .where(job_coordination.c.job_execution_id == fence.job_execution_id)
+            .with_for_update()
+        ).first()
+        job_execution_id = fence.job_execution_id
+    else:
+        return
+    # A step's last transaction of work may also record its end (see commit_step): final too.
+    final = bool(details.get("final")) or not execution.status.is_running
+    conn.execute(
+        insert(commits).values(
+            job_execution_id=job_execution_id,
+            step_execution_id=getattr(step_execution, "id", None),
+            kind=kind,
+            final=final,
+            node_id=node_id,
+            token=token,
+            seen_node=None if seen is None else seen[0],
+            seen_token=None if seen is None else seen[1],
+            seen_status=None if seen is None else seen[2],
+            at=get_provider(conn.engine).now(),
+        )
+    )
+
+
+def install_observer() -> None:
+    """Record every fenced transaction's owner row at commit time (``dbc_test_commits``)."""
+    from dbcluster.testing import points
+
+    points.remove("transaction.before_commit", _observe)
+    points.install("transaction.before_commit", _observe)
+
+
+def remove_observer() -> None:
+    from dbcluster.testing import points
+
+    points.remove("transaction.before_commit", _observe)
+
+
 def ledger_tasklet(ctx: ChunkContext) -> RepeatStatus:
     """Tick until ``delay_ms`` has passed, then record the slice's sum in the ledger."""
     from dbcluster.batch.domain import utcnow
-    from dbcluster.cluster.node import checkpoint, current_attempt, current_node_id
+    from dbcluster.cluster.executor import current_attempt, current_node_id
+    from dbcluster.testing import points
 
-    checkpoint()
+    points.reach("app.checkpoint", node_id=current_node_id.get())
 
     from dbcluster.dialects import get_provider
 
@@ -177,6 +299,16 @@ def ledger_tasklet(ctx: ChunkContext) -> RepeatStatus:
         time.sleep(tick_s)
         step_ctx.put("ticks", ticks + 1)
         return RepeatStatus.CONTINUABLE
+    stalling = str(_param(ctx, "stall", ""))
+    if attempt == 1 and (stalling == "*" or name in stalling.split(",")):
+        # Stuck on its first try (outside any database transaction: nothing ran in this one):
+        # its step's timeout fences it, and it is tried again elsewhere.
+        time.sleep(int(_param(ctx, "stall_ms", 5000)) / 1000)
+    flaky = str(_param(ctx, "flaky", ""))
+    if (flaky == "*" or name in flaky.split(",")) and (attempt or 1) < int(
+        _param(ctx, "flaky_until", 3)
+    ):
+        raise RetryableError(f"partition {name} failed on purpose on attempt {attempt}")
     failing = str(_param(ctx, "fail", ""))
     if failing == "*" or name in failing.split(","):
         if str(_param(ctx, "fail_mode", "raise")) == "status":
@@ -203,6 +335,58 @@ def ledger_tasklet(ctx: ChunkContext) -> RepeatStatus:
     return RepeatStatus.FINISHED
 
 
+def _write_items(items: list[int], ctx: ChunkContext) -> None:
+    """Each item once per job instance, written with the chunk (its commit is the item's). It
+    takes ``item_ms`` (a job parameter, default 2) per item before its first statement, so that a
+    master can be stopped inside the step with no transaction of its open."""
+    from dbcluster.cluster.mastership import Mastership
+
+    time.sleep(int(_param(ctx, "item_ms", 2)) * len(items) / 1000)
+    fence = ctx.step_execution.fence
+    je = ctx.step_execution.job_execution
+    ctx.connection.execute(
+        insert(items_written),
+        [
+            {
+                "job_execution_id": je.id,
+                "job_key": je.job_instance.job_key,
+                "item": item,
+                "node_id": fence.node_id if isinstance(fence, Mastership) else None,
+                "epoch": fence.epoch if isinstance(fence, Mastership) else None,
+            }
+            for item in items
+        ],
+    )
+
+
+def master_effect_tasklet(ctx: ChunkContext) -> RepeatStatus:
+    """A step the master runs itself: record one effect per job instance (its ``done`` marker
+    commits with it, and a restart resumes from that context)."""
+    from dbcluster.cluster.mastership import Mastership
+    from dbcluster.dialects import get_provider
+
+    se = ctx.step_execution
+    if ctx.step_context.get("done"):
+        return RepeatStatus.FINISHED
+    delay_ms = int(_param(ctx, "final_delay_ms", 0))
+    if delay_ms and not ctx.step_context.get("waited"):
+        time.sleep(delay_ms / 1000)
+        ctx.step_context.put("waited", True)
+        return RepeatStatus.CONTINUABLE
+    fence = se.fence
+    ctx.connection.execute(
+        insert(master_effects).values(
+            job_execution_id=se.job_execution.id,
+            job_key=se.job_execution.job_instance.job_key,
+            node_id=fence.node_id if isinstance(fence, Mastership) else None,
+            epoch=fence.epoch if isinstance(fence, Mastership) else None,
+            at=get_provider(ctx.connection.engine).now(),
+        )
+    )
+    ctx.step_context.put("done", True)
+    return RepeatStatus.FINISHED
+
+
 def build_registry(per_node: int = 4, items: int = 1000) -> JobRegistry:
     registry = JobRegistry()
     for job_name, transferable in (
@@ -213,6 +397,72 @@ def build_registry(per_node: int = 4, items: int = 1000) -> JobRegistry:
         worker = TaskletStep(f"{job_name}.worker", ledger_tasklet)
         partitioner = RangePartitioner(transferable, per_node, items)
         registry.register(Job(job_name, [PartitionStep(f"{job_name}.master", worker, partitioner)]))
+    # Retries and timeouts: a partition that fails with RetryableError is tried again (three
+    # tries); one that makes no progress for 1.5 s is fenced and tried again elsewhere.
+    registry.register(
+        Job(
+            "ledger-retry",
+            [
+                PartitionStep(
+                    "ledger-retry.master",
+                    TaskletStep("ledger-retry.worker", ledger_tasklet),
+                    RangePartitioner(True, per_node, items),
+                    max_attempts=3,
+                    retry_on=(RetryableError,),
+                    retry_backoff=0.1,
+                    timeout=1.5,
+                )
+            ],
+        )
+    )
+    # Non-transferable partitions with an automatic restart: a partition lost with its node
+    # fails the execution (NODE_LOST), and a node restarts it.
+    registry.register(
+        Job(
+            "ledger-autorestart",
+            [
+                PartitionStep(
+                    "ledger-autorestart.master",
+                    TaskletStep("ledger-autorestart.worker", ledger_tasklet),
+                    RangePartitioner(False, per_node, items),
+                )
+            ],
+            auto_restart=AutoRestart(max_restarts=2, backoff=0.2),
+        )
+    )
+    # A chunk step the master runs itself, one item per row of dbc_test_items (a master that
+    # died inside it is succeeded by one that resumes after its last commit).
+    registry.register(
+        Job(
+            "ledger-chunks",
+            [
+                ChunkStep(
+                    "ledger-chunks.items",
+                    reader=lambda se: IterableItemReader(range(items), name="items"),
+                    writer=item_writer(_write_items),
+                    chunk_size=50,
+                ),
+                TaskletStep("ledger-chunks.final", master_effect_tasklet),
+            ],
+        )
+    )
+    # A partitioned step, then a step the master runs itself (a master paused between the two
+    # must not publish the second step's effect after a survivor took the job).
+    registry.register(
+        Job(
+            "ledger-steps",
+            [
+                PartitionStep(
+                    "ledger-steps.master",
+                    TaskletStep("ledger-steps.worker", ledger_tasklet),
+                    # Transferable: the step survives its workers' faults, so that its master
+                    # gets to the step after it.
+                    RangePartitioner(True, per_node, items),
+                ),
+                TaskletStep("ledger-steps.final", master_effect_tasklet),
+            ],
+        )
+    )
     return registry
 
 
@@ -229,3 +479,9 @@ wide_registry = build_registry(per_node=8)
 
 #: Two partitions per live node, for chaos runs: ``dbcluster.testing.app:chaos_registry``.
 chaos_registry = build_registry(per_node=2)
+
+# Set by the fault harness for its nodes (last: the fault control installs this module's observer).
+if os.environ.get("DBCLUSTER_FAULT_DIR"):
+    from dbcluster.testing.faults import install_fault_control
+
+    install_fault_control(os.environ["DBCLUSTER_FAULT_DIR"])

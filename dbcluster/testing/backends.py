@@ -16,11 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, delete, text
+from sqlalchemy import Engine, Table, delete, inspect
 from sqlalchemy.engine import make_url
 
 from dbcluster import schema
 from dbcluster.dialects import QueryProvider, get_provider, make_engine, safe_url
+from dbcluster.testing.app import ledger_metadata
 
 #: The matrix used when no ``ci/backends.toml`` is at hand (a third party running the suite).
 DEFAULT_MATRIX: dict[str, dict[str, str]] = {
@@ -81,14 +82,31 @@ def label_for(spec: BackendSpec, specs: list[BackendSpec]) -> str:
     return spec.name
 
 
+def _test_tables(engine: Engine) -> list[Table]:
+    """The test application's tables that exist here, children first."""
+    present = set(inspect(engine).get_table_names())
+    return [t for t in reversed(ledger_metadata.sorted_tables) if t.name in present]
+
+
 def reset_tables(engine: Engine) -> None:
-    """Empty every dbcluster table, children first."""
+    """Empty every dbcluster table, children first, and the test application's tables with
+    them: their rows name job and step execution ids, which later runs may reuse."""
+    # The schema version row stays: it describes the tables, not their contents.
+    kept = schema.schema_version
+    tables = [*_test_tables(engine), *(t for t in reversed(schema.ALL_TABLES) if t is not kept)]
     with engine.begin() as conn:
-        for table in reversed(schema.ALL_TABLES):
+        for table in tables:
             conn.execute(delete(table))
 
 
 def drop_tables(engine: Engine) -> None:
+    """Drop the dbcluster tables and the test application's tables with them.
+
+    The pool is emptied first: ``drop_all``/``create_all`` ask whether each table exists by
+    PRAGMA on SQLite, which a pooled connection answers from the schema it cached when it last
+    read, missing DDL another connection made since (a table dropped, or made again)."""
+    engine.dispose()
+    ledger_metadata.drop_all(engine)
     schema.metadata.drop_all(engine)
 
 
@@ -123,6 +141,16 @@ class Backend:
                 action()
             except Exception:  # noqa: BLE001 - best effort: the run is over
                 pass
+
+
+#: Set to 0 to run only the backends named by URL (CI's matrix jobs, which start one database
+#: each, must not start the others through testcontainers).
+CONTAINERS_ENV = "DBCLUSTER_TEST_CONTAINERS"
+_CONTAINERS_OFF = f"{CONTAINERS_ENV}=0 turns containers off"
+
+
+def _containers_allowed() -> bool:
+    return os.environ.get(CONTAINERS_ENV, "1") != "0"
 
 
 def _container_engine_available() -> bool:
@@ -176,7 +204,8 @@ def _start_container(spec: BackendSpec) -> tuple[str, Any]:
 
 
 def _isolate(url: str, cleanup: list[Any]) -> str:
-    """A URL to a database of this run's own, created on the server behind ``url``.
+    """A URL to a database of this run's own, created by the provider's scratch-database hook
+    where ``url`` points (on its server, or beside its file).
 
     Servers whose provider cannot create databases cheaply get the given database with the
     dbcluster tables dropped first."""
@@ -185,17 +214,16 @@ def _isolate(url: str, cleanup: list[Any]) -> str:
     if not provider.can_create_database:
         admin.dispose()
         return url
-    name = f"dbc_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    with admin.connect() as conn:
-        conn.execute(text(provider.create_database_sql(name)))
+    scratch = provider.create_scratch_database(admin, f"dbc_{os.getpid()}_{uuid.uuid4().hex[:8]}")
 
     def drop() -> None:
-        with admin.connect() as conn:
-            conn.execute(text(provider.drop_database_sql(name)))
-        admin.dispose()
+        try:
+            provider.drop_scratch_database(admin, scratch)
+        finally:
+            admin.dispose()
 
     cleanup.append(drop)
-    return make_url(url).set(database=name).render_as_string(hide_password=False)
+    return scratch.render_as_string(hide_password=False)
 
 
 def open_backend(spec: BackendSpec, label: str | None = None) -> Backend:
@@ -213,7 +241,7 @@ def open_backend(spec: BackendSpec, label: str | None = None) -> Backend:
             raise BackendUnavailable(
                 f"{spec.env}={safe_url(configured)} cannot be reached: {reason}", named=True
             ) from exc
-    elif spec.image and _container_engine_available():
+    elif spec.image and _containers_allowed() and _container_engine_available():
         try:
             url, container = _start_container(spec)
         except Exception as exc:  # noqa: BLE001
@@ -222,9 +250,8 @@ def open_backend(spec: BackendSpec, label: str | None = None) -> Backend:
             ) from exc
         cleanup.append(container.stop)
     else:
-        raise BackendUnavailable(
-            f"{spec.env} is not set and no container engine answers", named=False
-        )
+        why = "no container engine answers" if _containers_allowed() else _CONTAINERS_OFF
+        raise BackendUnavailable(f"{spec.env} is not set and {why}", named=False)
     engine = make_engine(url)
     try:
         drop_tables(engine)

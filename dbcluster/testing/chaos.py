@@ -18,12 +18,23 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-KINDS = ("kill", "stop", "term", "cut")
-JOB_NAMES = ("ledger", "ledger-mixed", "ledger-fixed")
+if TYPE_CHECKING:  # the CLI imports this module: the test application loads only when run
+    from dbcluster.testing.rowmark import RowMark
+
+#: Fault kinds. ``freeze-tx``: a worker parked inside a chunk transaction (its partition row
+#: verifiably locked), then SIGSTOPped past the cleanup threshold. ``stop-between``: a master
+#: parked between two steps of its job, then SIGSTOPped past the cleanup threshold. ``blip``: only
+#: a master's connection cut, for less than the unreachable threshold.
+KINDS = ("kill", "stop", "term", "cut", "freeze-tx", "stop-between", "blip")
+#: Kinds that hit a job's master only.
+MASTER_KINDS = ("stop-between", "blip")
+JOB_NAMES = ("ledger-steps", "ledger-mixed", "ledger-fixed", "ledger")
+#: Jobs whose master runs a step after the partitioned one (``stop-between`` needs one).
+STEPPED_JOBS = ("ledger-steps",)
 
 
 @dataclass(frozen=True)
@@ -35,6 +46,13 @@ class Fault:
     kind: str
     target: str
     duration: float = 0.0
+
+
+#: The fault point each parking kind arms.
+POINTS = {"freeze-tx": "chunk.before_commit", "stop-between": "master.between_steps"}
+#: Seconds the harness waits for an armed fault point to be reached (a master reaches the end of
+#: its partitioned step only once every partition has run).
+PARK_WAIT_S = {"chunk.before_commit": 8.0, "master.between_steps": 25.0}
 
 
 def launch_times(jobs: int, window: float) -> list[float]:
@@ -60,28 +78,35 @@ def plan_faults(
         kinds.append(rng.choice(KINDS))
     kinds = kinds[:faults]
     starts = launch_times(jobs, window)
+    stepped = [j for j in range(jobs) if JOB_NAMES[j % len(JOB_NAMES)] in STEPPED_JOBS]
     master_hit = False
     plan: list[Fault] = []
-    for i, kind in enumerate(kinds):
-        to_master = kind in ("kill", "stop", "cut") and (
-            rng.random() < 0.25 or (kind == "kill" and not master_hit and jobs > 0)
+    for kind in kinds:
+        to_master = kind in MASTER_KINDS or (
+            kind in ("kill", "stop", "cut")
+            and (rng.random() < 0.25 or (kind == "kill" and not master_hit))
         )
+        if kind == "stop-between" and not stepped:
+            kind, to_master = "stop", False
         if to_master and jobs > 0:
             master_hit = master_hit or kind == "kill"
-            j = rng.randrange(jobs)
-            target, at = f"m{j}", starts[j] + rng.uniform(1.5, 3.0)
+            j = rng.choice(stepped) if kind == "stop-between" else rng.randrange(jobs)
+            # A master is parked between steps once its partitioned step is over.
+            lead = (0.5, 1.5) if kind == "stop-between" else (1.5, 3.0)
+            target, at = f"m{j}", starts[j] + rng.uniform(*lead)
         else:
             target, at = f"w{rng.randrange(nodes)}", rng.uniform(1.0, window)
         duration = 0.0
-        if kind == "stop":
+        if kind in ("stop", "freeze-tx", "stop-between"):
             duration = cleanup_ms / 1000 * rng.uniform(1.3, 1.8)
+        elif kind == "blip":
+            duration = unreachable_ms / 1000 * rng.uniform(0.2, 0.6)
         elif kind == "cut":
             if rng.random() < 0.4:  # a blip shorter than the unreachable threshold
                 duration = unreachable_ms / 1000 * rng.uniform(0.2, 0.6)
             else:
                 duration = cleanup_ms / 1000 * rng.uniform(1.3, 1.8)
         plan.append(Fault(round(at, 3), kind, target, round(duration, 3)))
-        del i
     plan.sort(key=lambda f: f.at)
     return plan
 
@@ -102,24 +127,28 @@ def _db_now(engine: Any) -> datetime:
         return conn.execute(get_provider(engine).select_now()).scalar_one()
 
 
-def _held_transferable(engine: Any, prefix: str) -> list[tuple[int, int]]:
+def held_transferable_statement(prefix: str) -> Any:
+    """The in-flight transferable partitions held by the nodes whose ids start ``prefix-``."""
     from sqlalchemy import select
 
     from dbcluster.dialects.base import PARTITION_IN_FLIGHT
     from dbcluster.schema import partitions
 
+    return select(partitions.c.step_execution_id, partitions.c.attempt).where(
+        partitions.c.assigned_node.like(f"{prefix}-%"),
+        partitions.c.status.in_(PARTITION_IN_FLIGHT),
+        # A bound flag: "IS true" is no SQL on Oracle (SMALLINT flags) or SQL Server.
+        partitions.c.transferable == True,  # noqa: E712
+    )
+
+
+def _held_transferable(engine: Any, prefix: str) -> list[tuple[int, int]]:
     with engine.connect() as conn:
-        rows = conn.execute(
-            select(partitions.c.step_execution_id, partitions.c.attempt).where(
-                partitions.c.assigned_node.like(f"{prefix}-%"),
-                partitions.c.status.in_(PARTITION_IN_FLIGHT),
-                partitions.c.transferable.is_(True),
-            )
-        ).all()
+        rows = conn.execute(held_transferable_statement(prefix)).all()
     return [(r[0], r[1]) for r in rows]
 
 
-def _recovery(engine: Any, kill: KillRecord) -> float | None:
+def _recovery(engine: Any, kill: KillRecord, since: RowMark) -> float | None:
     """Seconds from the kill until the last of the killed node's transferable partitions was
     running elsewhere (its next attempt committed its first chunk); None if none was held or one
     never ran again (its job was abandoned, or it had already completed)."""
@@ -134,7 +163,9 @@ def _recovery(engine: Any, kill: KillRecord) -> float | None:
         for step_id, attempt in kill.held:
             started = conn.execute(
                 select(func.min(runs.c.started)).where(
-                    runs.c.step_execution_id == step_id, runs.c.attempt > attempt
+                    runs.c.step_execution_id == step_id,
+                    runs.c.attempt > attempt,
+                    since.after(runs),
                 )
             ).scalar()
             if started is None:
@@ -144,6 +175,60 @@ def _recovery(engine: Any, kill: KillRecord) -> float | None:
     return round(
         (latest.replace(tzinfo=None) - kill.db_time.replace(tzinfo=None)).total_seconds(), 3
     )
+
+
+def _takeovers(engine: Any, refs: list[Any], faults: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every master takeover of these jobs' executions: who took over from whom, when, and how
+    long after the fault that hit the lost master (on the database clock)."""
+    from sqlalchemy import select
+
+    from dbcluster.batch.parameters import JobParameters
+    from dbcluster.batch.repository import JobRepository
+    from dbcluster.schema import job_masters
+
+    repository = JobRepository(engine)
+    out: list[dict[str, Any]] = []
+    for ref in refs:
+        instance = repository.get_job_instance(ref.job, JobParameters.parse(ref.params))
+        if instance is None:
+            continue
+        for execution in repository.get_job_executions(instance):
+            with engine.connect() as conn:
+                rows = conn.execute(
+                    select(job_masters)
+                    .where(job_masters.c.job_execution_id == execution.id)
+                    .order_by(job_masters.c.master_epoch)
+                ).all()
+            for before, row in zip(rows, rows[1:], strict=False):
+                if row.reason != "takeover":
+                    continue
+                lost = str(before.master_node)
+                fault = next(
+                    (
+                        f
+                        for f in reversed(faults)
+                        if f.get("prefix") and lost.startswith(f"{f['prefix']}-") and "db_time" in f
+                    ),
+                    None,
+                )
+                since_fault = None
+                if fault is not None:
+                    began = datetime.fromisoformat(fault["db_time"])
+                    since_fault = round((row.since.replace(tzinfo=None) - began).total_seconds(), 3)
+                out.append(
+                    {
+                        "job": ref.job,
+                        "job_execution_id": execution.id,
+                        "epoch": int(row.master_epoch),
+                        "from_node": lost,
+                        "to_node": row.master_node,
+                        "at": row.since.isoformat(),
+                        "fault": None if fault is None else fault["index"],
+                        "fault_kind": None if fault is None else fault["kind"],
+                        "seconds_after_fault": since_fault,
+                    }
+                )
+    return out
 
 
 def run_chaos(
@@ -169,12 +254,14 @@ def run_chaos(
     from dbcluster.testing.app import ledger_metadata
     from dbcluster.testing.harness import Harness, MembershipObserver, NodeProcess, wait_until
     from dbcluster.testing.invariants import JobRef, check_invariants
+    from dbcluster.testing.rowmark import mark_rows
 
     say = log or (lambda message: None)
     began = time.monotonic()
     engine = make_engine(url)
     schema.metadata.create_all(engine)
     ledger_metadata.create_all(engine)
+    since = mark_rows(engine)  # rows of earlier runs in this database are not judged
     workdir = Path(workdir or tempfile.mkdtemp(prefix="dbcluster-chaos-"))
     harness = Harness(url, workdir, env=env)
     cleanup_ms = harness.ms("cleanup_threshold")
@@ -193,7 +280,8 @@ def run_chaos(
     for j in range(jobs):
         params = [f"chaos={run_id}", f"n(int)={j}", f"delay_ms(int)={delay_ms}"]
         params.append(f"tick_ms(int)={tick_ms}")
-        refs.append(JobRef(JOB_NAMES[j % len(JOB_NAMES)], params))
+        name = JOB_NAMES[j % len(JOB_NAMES)]
+        refs.append(JobRef(name, params, master_step=name in STEPPED_JOBS))
     starts = launch_times(jobs, window)
     repository = JobRepository(engine)
     observer = MembershipObserver(engine).start()
@@ -205,6 +293,7 @@ def run_chaos(
     injected: list[dict[str, Any]] = []
     kills: list[KillRecord] = []
     timers: list[tuple[float, str, NodeProcess]] = []  # (monotonic time, action, process)
+    parks: list[tuple[float, str, Fault, NodeProcess, dict[str, Any]]] = []
     respawn: dict[str, float] = {}
     summary: dict[str, Any] = {}
     try:
@@ -224,8 +313,13 @@ def run_chaos(
 
         def pick(fault: Fault) -> NodeProcess | None:
             slots = [f"w{i}" for i in range(nodes)] + [f"m{j}" for j in range(jobs)]
-            if fault.kind == "term":
+            if fault.kind in ("term", "freeze-tx"):
                 slots = slots[:nodes]
+            elif fault.kind in MASTER_KINDS:
+                # A master's fault falls on another job's master when the planned one is gone.
+                slots = [f"m{j}" for j in range(jobs)]
+                if fault.kind == "stop-between":
+                    slots = [f"m{j}" for j in range(jobs) if refs[j].master_step]
             start = slots.index(fault.target) if fault.target in slots else 0
             for slot in slots[start:] + slots[:start]:
                 p = workers.get(slot) if slot[0] == "w" else launchers.get(int(slot[1:]))
@@ -254,7 +348,7 @@ def run_chaos(
                     done[j] = True
                     continue
                 if state == "running":
-                    continue  # its master is gone: a survivor abandons it first
+                    continue  # its master is gone: a survivor takes it over (or abandons it)
                 if launched[j]:
                     restarts += 1
                 launched[j] = True
@@ -286,6 +380,9 @@ def run_chaos(
                 pid=p.pid,
                 at_actual=round(now - t0, 3),
             )
+            if p.role == "launch":
+                # When a master's fault began, on the database clock (to time its takeover).
+                record["db_time"] = _db_now(engine).isoformat()
             if fault.kind == "kill":
                 held = _held_transferable(engine, p.prefix)
                 harness.kill(p)
@@ -295,11 +392,48 @@ def run_chaos(
                 timers.append((now + fault.duration, "cont", p))
             elif fault.kind == "term":
                 harness.terminate(p)
-            elif fault.kind == "cut":
+            elif fault.kind in ("cut", "blip"):
                 harness.sever(p)
                 timers.append((now + fault.duration, "restore", p))
+            elif fault.kind in ("freeze-tx", "stop-between"):
+                # Armed now; stopped once a thread parks at the point (see settle_parks).
+                point = POINTS[fault.kind]
+                p.arm(point)
+                p.stopped = True  # no other fault picks it meanwhile
+                parks.append((now + PARK_WAIT_S[point], point, fault, p, record))
+                say(f"fault {index} {fault.kind} -> {p.slot}: armed {point}")
+                return
             injected.append(record)
             say(f"fault {index} {fault.kind} -> {p.slot} ({p.prefix}, pid {p.pid})")
+
+        def settle_parks(now: float) -> None:
+            """Stop each process whose armed point was reached (after checking, for a chunk
+            transaction, that it holds its partition's row); give up on those not reached."""
+            for item in list(parks):
+                give_up, point, fault, p, record = item
+                held = p.parked(point) if p.alive() else None
+                if held is None and now < give_up and p.alive():
+                    continue
+                parks.remove(item)
+                if held is None:
+                    p.disarm(point)
+                    p.stopped = False
+                    record["skipped"] = f"no thread of {p.slot} reached {point}"
+                    injected.append(record)
+                    say(f"fault {record['index']} {fault.kind}: skipped ({record['skipped']})")
+                    continue
+                if point == "chunk.before_commit":
+                    held["holds_partition_row"] = harness.partition_locked(
+                        engine, int(held["step_execution_id"])
+                    )
+                harness.pause(p)
+                record["parked"] = held
+                record["at_actual"] = round(now - t0, 3)
+                if p.role == "launch":
+                    record["db_time"] = _db_now(engine).isoformat()
+                injected.append(record)
+                timers.append((now + fault.duration, f"unpark:{point}", p))
+                say(f"fault {record['index']} {fault.kind}: {p.slot} stopped at {point} {held}")
 
         index = 0
         deadline: float | None = None
@@ -308,16 +442,21 @@ def run_chaos(
             while queue and now - t0 >= queue[0].at:
                 inject(index, queue.pop(0), now)
                 index += 1
+            settle_parks(now)
             for item in [t for t in timers if t[0] <= now]:
                 timers.remove(item)
                 _, action, p = item
                 if action == "cont":
                     harness.resume(p)
+                elif action.startswith("unpark:"):
+                    # Released before it runs again: the parked thread goes on to its COMMIT.
+                    p.disarm(action.removeprefix("unpark:"))
+                    harness.resume(p)
                 else:
                     harness.restore(p)
             supervise_workers(now)
             supervise_jobs(now)
-            if not queue and not timers:
+            if not queue and not timers and not parks:
                 if deadline is None:
                     deadline = now + settle_timeout
                     say("faults over; waiting for the jobs to complete")
@@ -342,6 +481,7 @@ def run_chaos(
             refs,
             removed_at={k: v.first_absent for k, v in observer.nodes.items()},
             last_seen={k: v.last_seen for k, v in observer.nodes.items()},
+            since=since,
         )
         applied = [r for r in injected if "skipped" not in r]
         recoveries = []
@@ -353,10 +493,11 @@ def run_chaos(
                     "target": kill.target,
                     "node_prefix": kill.prefix,
                     "transferable_partitions_held": len(kill.held),
-                    "recovery_s": _recovery(engine, kill),
+                    "recovery_s": _recovery(engine, kill, since),
                     "floor_s": floor_ms / 1000,
                 }
             )
+        takeovers = _takeovers(engine, refs, injected)
         summary = {
             "ok": report.ok,
             "url": safe_url(url),
@@ -379,6 +520,8 @@ def run_chaos(
             "job_restarts": restarts,
             "recovery_after_kill": recoveries,
             "recovery_floor_s": floor_ms / 1000,
+            "takeovers": takeovers,
+            "takeover_floor_s": (cleanup_ms + harness.ms("stranded_master_scan_interval")) / 1000,
             "settle_s": round(settled_at - t0, 1),
             "elapsed_s": round(time.monotonic() - began, 1),
             "plan": [asdict(f) for f in plan],
@@ -408,6 +551,14 @@ def format_summary(s: dict[str, Any]) -> str:
         f"duplicate non-transferable effects {s['duplicate_non_transferable_effects']}, "
         f"lost partitions {s['lost_partitions']}, stuck jobs {s['stuck_jobs']}",
     ]
+    for t in s.get("takeovers", []):
+        after = (
+            "" if t["seconds_after_fault"] is None else f" {t['seconds_after_fault']:.2f} s after"
+        )
+        lines.append(
+            f"  takeover of execution {t['job_execution_id']} (epoch {t['epoch']}) by "
+            f"{t['to_node']}{after} fault #{t['fault']} ({t['fault_kind']}) on {t['from_node']}"
+        )
     for r in s["recovery_after_kill"]:
         got = "n/a" if r["recovery_s"] is None else f"{r['recovery_s']:.2f} s"
         lines.append(

@@ -1,4 +1,5 @@
-"""A per-process "cut database connection" for databases that are not reached over TCP.
+"""Faults inside a node process: a "cut database connection" for databases that are not reached
+over TCP, and fault points the harness arms by file.
 
 A node process started by the fault harness with ``DBCLUSTER_FAULT_CUT_FILE=PATH`` (the test
 application installs this switch when it is imported) fails every statement and every new
@@ -11,9 +12,10 @@ severs for real.
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
-_installed: set[str] = set()
+_installed: set[Any] = set()
 
 
 class _Cut:
@@ -49,3 +51,84 @@ def install_cut_switch(path: str) -> None:
     event.listen(Engine, "do_execute_no_params", cut.execute_no_params)
     event.listen(Engine, "do_connect", cut.connect)
     _installed.add(path)
+
+
+# --- fault points in a node process, steered by files ------------------------------------------
+
+#: Points a harness can arm in a node process.
+CONTROLLED_POINTS = ("chunk.before_commit", "master.between_steps", "node.between_poll_and_claim")
+
+
+class _FaultControl:
+    """Parks the first thread that reaches an armed point: the harness arms ``<point>`` by
+    creating ``DIR/<point>.arm``; the parked thread writes ``DIR/<point>.parked`` (JSON details,
+    written while it holds whatever it holds: a chunk transaction is open there) and waits until
+    the arm file is gone. One arm parks one thread."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self._lock = threading.Lock()
+
+    def handler(self, point: str) -> Any:
+        def reached(**details: Any) -> None:
+            self._maybe_park(point, details)
+
+        return reached
+
+    def _maybe_park(self, point: str, details: dict[str, Any]) -> None:
+        import json
+        import time
+
+        arm = os.path.join(self.directory, f"{point}.arm")
+        parked = os.path.join(self.directory, f"{point}.parked")
+        if not os.path.exists(arm):
+            return
+        description = _describe(details)
+        if description is None:
+            return
+        with self._lock:
+            if os.path.exists(parked) or not os.path.exists(arm):
+                return
+            with open(parked + ".tmp", "w") as out:
+                json.dump({"pid": os.getpid(), **description}, out)
+            os.replace(parked + ".tmp", parked)
+        while os.path.exists(arm):
+            time.sleep(0.01)
+
+
+def _describe(details: dict[str, Any]) -> dict[str, Any] | None:
+    """What a parked thread holds, or None when it is not a thread worth parking (a chunk
+    transaction of a partition, a master between steps, a poll)."""
+    se = details.get("step_execution")
+    if se is not None:
+        fence = se.fence
+        from dbcluster.cluster.fencing import PartitionFence
+
+        if not isinstance(fence, PartitionFence) or details.get("final"):
+            return None
+        return {
+            "step_execution_id": fence.step_execution_id,
+            "node_id": fence.node_id,
+            "attempt": fence.attempt,
+        }
+    je = details.get("job_execution")
+    if je is not None:
+        return {"job_execution_id": je.id, "next_step": details.get("next_step")}
+    if "partitions" in details:
+        return {"node_id": details.get("node_id"), "partitions": len(details["partitions"])}
+    return None
+
+
+def install_fault_control(directory: str) -> None:
+    """Let the harness park this process's threads at :data:`CONTROLLED_POINTS` (and record
+    commit-order observations: see :func:`dbcluster.testing.app.install_observer`)."""
+    if ("control", directory) in _installed:
+        return
+    from dbcluster.testing import points
+    from dbcluster.testing.app import install_observer
+
+    control = _FaultControl(directory)
+    for point in CONTROLLED_POINTS:
+        points.install(point, control.handler(point))
+    install_observer()
+    _installed.add(("control", directory))

@@ -31,6 +31,9 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
 
+from dbcluster.dialects import safe_url
+from dbcluster.errors import ConfigurationError
+
 #: Short thresholds for fault runs (milliseconds): a silent node is removed after 3 s.
 FAST_ENV: dict[str, str] = {
     "DBCLUSTER_HEARTBEAT_INTERVAL": "200",
@@ -159,6 +162,7 @@ class NodeProcess:
     out_path: Path | None = None
     proxy: TcpProxy | None = None
     cut_file: Path | None = None
+    fault_dir: Path | None = None
     stopped: bool = False
     cut: bool = False
     started_at: float = field(default_factory=time.monotonic)
@@ -187,6 +191,31 @@ class NodeProcess:
         elif self.cut_file is not None:
             self.cut_file.unlink(missing_ok=True)
         self.cut = False
+
+    # --- fault points (see dbcluster.testing.faults.install_fault_control) ---------------------
+
+    def arm(self, point: str) -> None:
+        """Park the next thread of this process that reaches ``point``."""
+        assert self.fault_dir is not None
+        (self.fault_dir / f"{point}.parked").unlink(missing_ok=True)
+        (self.fault_dir / f"{point}.arm").touch()
+
+    def parked(self, point: str) -> dict[str, Any] | None:
+        """What the thread parked at ``point`` holds (None while none is parked there)."""
+        import json
+
+        assert self.fault_dir is not None
+        path = self.fault_dir / f"{point}.parked"
+        try:
+            return dict(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            return None
+
+    def disarm(self, point: str) -> None:
+        """Release the parked thread (it goes on at once, or at SIGCONT if the process is
+        stopped) and arm nothing more."""
+        assert self.fault_dir is not None
+        (self.fault_dir / f"{point}.arm").unlink(missing_ok=True)
 
     def stdout(self) -> str:
         if self.out_path is None or not self.out_path.exists():
@@ -240,11 +269,12 @@ class Harness:
         if self.cut_method != "tcp-proxy":
             return self.url, None
         parsed = make_url(self.url)
-        default_port = {"postgresql": 5432, "mysql": 3306, "mariadb": 3306}.get(
-            parsed.get_backend_name(), 0
-        )
-        port = parsed.port or default_port
-        assert parsed.host and port, f"cannot proxy {parsed.get_backend_name()} without a port"
+        port = parsed.port or self.provider.default_port
+        if not (parsed.host and port):
+            raise ConfigurationError(
+                f"cannot proxy node connections to {safe_url(parsed)}: it names no port and the "
+                f"{self.provider.name} provider declares no default_port; set one of them"
+            )
         proxy = TcpProxy(parsed.host, port)
         url = parsed.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
         return url, proxy
@@ -254,8 +284,11 @@ class Harness:
         prefix = f"{slot}i{self._counter}"
         url, proxy = self._node_url()
         cut_file = None if proxy is not None else self.workdir / f"cut-{prefix}"
+        fault_dir = self.workdir / f"faults-{prefix}"
+        fault_dir.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **self.env, "DBCLUSTER_NODE_ID_PREFIX": prefix}
         env.pop("DBCLUSTER_URL", None)
+        env["DBCLUSTER_FAULT_DIR"] = str(fault_dir)
         if cut_file is not None:
             env["DBCLUSTER_FAULT_CUT_FILE"] = str(cut_file)
         log_path = self.workdir / f"{prefix}.log"
@@ -270,12 +303,16 @@ class Harness:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
-        process = NodeProcess(slot, role, prefix, popen, log_path, out_path, proxy, cut_file)
+        process = NodeProcess(
+            slot, role, prefix, popen, log_path, out_path, proxy, cut_file, fault_dir
+        )
         self.processes.append(process)
         return process
 
-    def start_worker(self, slot: str) -> NodeProcess:
-        return self._spawn(slot, "worker", [], out=False)
+    def start_worker(self, slot: str, *args: str) -> NodeProcess:
+        """A ``dbcluster worker`` process (``args``: more of its options, e.g.
+        ``--accept-launches``)."""
+        return self._spawn(slot, "worker", list(args), out=False)
 
     def start_launcher(
         self, slot: str, job: str, params: Mapping[str, Any], *, work: bool = False
@@ -318,6 +355,26 @@ class Harness:
 
     def restore(self, process: NodeProcess) -> None:
         process.restore()
+
+    def partition_locked(self, engine: Engine, step_execution_id: int) -> bool:
+        """Whether some transaction holds the partition's row (its writer is inside a fenced
+        transaction): a lock that cannot be taken at once. SQLite locks the whole database."""
+        from sqlalchemy import select
+
+        from dbcluster.schema import partitions
+
+        if not self.provider.network_backend:
+            return _sqlite_write_locked(engine)
+        try:
+            with engine.connect() as conn, conn.begin():
+                conn.execute(
+                    select(partitions.c.step_execution_id)
+                    .where(partitions.c.step_execution_id == step_execution_id)
+                    .with_for_update(nowait=True)
+                ).all()
+        except Exception:  # noqa: BLE001 - NOWAIT refused: the row is locked
+            return True
+        return False
 
     # --- the end ----------------------------------------------------------------------------------
 
@@ -415,6 +472,21 @@ class MembershipObserver:
     def last_seen(self, node_id: str) -> datetime | None:
         seen = self.nodes.get(node_id)
         return None if seen is None else seen.last_seen
+
+
+def _sqlite_write_locked(engine: Engine) -> bool:
+    """Whether another connection holds the SQLite database's write lock."""
+    import sqlite3
+
+    conn = sqlite3.connect(str(engine.url.database), timeout=0, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("ROLLBACK")
+        return False
+    except sqlite3.OperationalError:
+        return True
+    finally:
+        conn.close()
 
 
 def wait_until(condition: Any, timeout: float, what: str, interval: float = 0.05) -> Any:

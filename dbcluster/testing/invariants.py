@@ -6,6 +6,12 @@ A *run* is an attempt of a partition that committed its first chunk; an *effect*
 (it commits with the partition's final chunk). Both commit in the partition's guarded transaction,
 so a fenced node leaves neither. Removal times come from samples: a node removed at time T was
 seen at ``last_seen`` < T <= ``first_absent``; a check fails only on a certain violation.
+
+Fencing is judged by commit order, not statement time: every fenced transaction of the test
+application records, as its last statement before ``COMMIT``, the owner row it holds
+(``dbc_test_commits``). A committed row whose owner is not its writer (the partition moved to
+another node or attempt, or the job to another master or epoch) is a write that landed after its
+partition or job moved.
 """
 
 from __future__ import annotations
@@ -16,23 +22,49 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Connection, Engine, Table, select
 
 from dbcluster.batch.parameters import JobParameters
 from dbcluster.batch.repository import JobRepository
 from dbcluster.batch.status import BatchStatus
 from dbcluster.dialects.base import COORD_ABANDONED, COORD_IN_FLIGHT, PARTITION_IN_FLIGHT
+from dbcluster.inlists import in_batches
 from dbcluster.schema import job_coordination, partitions
-from dbcluster.testing.app import expected_total, ledger, runs
+from dbcluster.testing.app import commits, expected_total, ledger, master_effects, runs
+from dbcluster.testing.rowmark import EVERY_ROW, RowMark
 
 INVARIANTS = {
     1: "no partition silently lost; no job stuck STARTED",
     2: "a non-transferable partition's effect at most once (nodes and restarts)",
     3: "a transferable partition ran again only after its first node was removed",
-    4: "no write from a fenced or removed node changed a partition's rows",
-    5: "a job whose master died is ABANDONED by exactly one node and completes on restart",
+    4: "no transaction of a partition committed after the partition moved (commit order)",
+    5: "a job whose master died is recovered by exactly one node and completes; no old master "
+    "committed after another took over",
     6: "every completed job's output equals a fault-free run's",
 }
+
+#: Statuses a fenced partition transaction may see its own row in: holding it, or (its final
+#: transaction) having just recorded its outcome.
+_HELD = ("CLAIMED",)
+_ENDED = ("COMPLETED", "FAILED")
+_MASTERED = ("CREATED", "STARTED")
+
+
+def commit_in_order(row: Any) -> bool:
+    """Whether a ``dbc_test_commits`` row committed while its writer still owned its row."""
+    if row.kind == "partition":
+        if row.seen_node == row.node_id and row.seen_token == row.token:
+            return row.seen_status in _HELD or (row.final and row.seen_status in _ENDED)
+        # A final transaction that handed its partition back (a graceful stop).
+        return bool(
+            row.final
+            and row.seen_status == "PENDING"
+            and row.seen_node is None
+            and row.seen_token == row.token + 1
+        )
+    if row.seen_node == row.node_id and row.seen_token == row.token:
+        return row.seen_status in _MASTERED or (row.final and row.seen_status in _ENDED)
+    return False
 
 
 @dataclass
@@ -42,6 +74,8 @@ class JobRef:
     job: str
     params: Sequence[str]
     items: int = 1000
+    #: Whether the job ends with a step its master runs itself (one effect when COMPLETED).
+    master_step: bool = False
 
 
 @dataclass
@@ -71,6 +105,21 @@ class Report:
         }
 
 
+def _of_executions(
+    conn: Connection, table: Table, ids: list[int], since: RowMark = EVERY_ROW
+) -> list[Any]:
+    """The rows of ``table`` that belong to these job executions (and, for a test table, were
+    written after ``since``)."""
+    rows: list[Any] = []
+    for batch in in_batches(ids):
+        rows.extend(
+            conn.execute(
+                select(table).where(table.c.job_execution_id.in_(batch), since.after(table))
+            ).all()
+        )
+    return rows
+
+
 def _naive(value: datetime | None) -> datetime | None:
     return None if value is None else value.replace(tzinfo=None)
 
@@ -82,10 +131,13 @@ def check_invariants(
     removed_at: dict[str, datetime | None] | None = None,
     last_seen: dict[str, datetime] | None = None,
     expect_complete: bool = True,
+    since: RowMark = EVERY_ROW,
 ) -> Report:
     """Check every invariant for the given job instances. ``removed_at`` / ``last_seen`` map node
     ids to the first sample without them / the last sample with them (database clock); without
-    them the timing checks of invariants 3 and 4 are skipped (reported in ``stats``)."""
+    them the timing checks of invariants 3 and 4 are skipped (reported in ``stats``). ``since``
+    leaves out test-table rows of earlier runs in the same database (their execution ids may be
+    this run's again)."""
     report = Report()
     repository = JobRepository(engine)
     removed = {k: _naive(v) for k, v in (removed_at or {}).items()}
@@ -103,16 +155,12 @@ def check_invariants(
         ids = [e.id for e in executions]
         totals["job_executions"] += len(ids)
         with engine.connect() as conn:
-            part_rows = conn.execute(
-                select(partitions).where(partitions.c.job_execution_id.in_(ids))
-            ).all()
-            coord_rows = conn.execute(
-                select(job_coordination).where(job_coordination.c.job_execution_id.in_(ids))
-            ).all()
-            run_rows = conn.execute(select(runs).where(runs.c.job_execution_id.in_(ids))).all()
-            effect_rows = conn.execute(
-                select(ledger).where(ledger.c.job_execution_id.in_(ids))
-            ).all()
+            part_rows = _of_executions(conn, partitions, ids)
+            coord_rows = _of_executions(conn, job_coordination, ids)
+            run_rows = _of_executions(conn, runs, ids, since)
+            effect_rows = _of_executions(conn, ledger, ids, since)
+            commit_rows = _of_executions(conn, commits, ids, since)
+            master_rows = _of_executions(conn, master_effects, ids, since)
         totals["partitions"] += len({r.partition_name for r in part_rows})
         totals["runs"] += len(run_rows)
         totals["effects"] += len(effect_rows)
@@ -202,30 +250,32 @@ def check_invariants(
                                 f"removed {gone})",
                             )
 
-        # 4. no write after removal, by runs, effects and partition rows
-        if timing:
-            for kind, rows, column in (
-                ("run", run_rows, "started"),
-                ("effect", effect_rows, "finished"),
-            ):
-                for r in rows:
-                    gone = removed.get(r.node_id)
-                    at = _naive(getattr(r, column))
-                    if gone is not None and at is not None and at > gone:
-                        report.add(
-                            4,
-                            f"{label}: {kind} of {r.partition_name} by {r.node_id} "
-                            f"(attempt {r.attempt}) at {at}, after its removal by {gone}",
-                        )
-            for p in part_rows:
-                gone = removed.get(p.assigned_node or "")
-                at = _naive(p.last_updated)
-                if p.status == "COMPLETED" and gone is not None and at is not None and at > gone:
-                    report.add(
-                        4,
-                        f"{label}: {p.partition_name} recorded COMPLETED by "
-                        f"{p.assigned_node} at {at}, after its removal by {gone}",
-                    )
+        # 4 (and 5 for masters): every fenced transaction committed while its writer owned
+        # its row.
+        totals["commits_checked"] += len(commit_rows)
+        for r in commit_rows:
+            if commit_in_order(r):
+                continue
+            invariant = 4 if r.kind == "partition" else 5
+            totals["late_commits"] += 1
+            what = (
+                f"partition step execution {r.step_execution_id} by {r.node_id} attempt {r.token}"
+                if r.kind == "partition"
+                else f"master {r.node_id} epoch {r.token} of execution {r.job_execution_id}"
+            )
+            report.add(
+                invariant,
+                f"{label}: a transaction of {what} committed at {r.at} after its row moved to "
+                f"({r.seen_node}, {r.seen_token}, {r.seen_status})",
+            )
+        if completed and ref.master_step and not master_rows:
+            report.add(1, f"{label}: completed without its master-run step's effect")
+        if len(master_rows) > 1:
+            report.add(
+                5,
+                f"{label}: the master-run step took effect {len(master_rows)} times: "
+                f"{[(m.job_execution_id, m.node_id, m.epoch) for m in master_rows]}",
+            )
 
         # 5. abandoned by exactly one node, then completed on restart
         for c in coord_rows:
@@ -282,6 +332,8 @@ def check_invariants(
             "stuck_jobs": sum(1 for v in report.violations[1] if "stuck" in v),
             "abandoned_executions": totals["abandoned"],
             "unverifiable_reruns": totals["unverifiable_reruns"],
+            "commits_checked": totals["commits_checked"],
+            "late_commits": totals["late_commits"],
             "timing_checks": timing,
         }
     )

@@ -62,7 +62,7 @@ def dbc_backend(request: pytest.FixtureRequest, dbcluster_session_backend: Any) 
     from dbcluster.testing.requirements import skip_unless_capable
 
     backend = dbcluster_session_backend
-    skip_unless_capable(request, backend.provider, backend.engine.url)
+    skip_unless_capable(request, backend.provider, backend.engine)
     backend.reset()
     return backend
 

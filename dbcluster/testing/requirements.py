@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from sqlalchemy import Engine
 
 #: capability -> (provider flag, what it means when false)
 CAPABILITIES: dict[str, tuple[str, str]] = {
@@ -37,25 +38,24 @@ def requires(*capabilities: str) -> pytest.MarkDecorator:
     return pytest.mark.dbcluster_requires(*capabilities)
 
 
-def missing(provider: Any, url: Any, capabilities: tuple[str, ...]) -> str | None:
-    """The reason the provider (for this URL) lacks one of the capabilities, or None."""
+def missing(provider: Any, engine: Engine, capabilities: tuple[str, ...]) -> str | None:
+    """The reason the provider (on this engine's database) lacks one of the capabilities, or
+    None."""
     for name in capabilities:
         flag, meaning = CAPABILITIES[name]
         if not getattr(provider, flag, False):
             return f"provider {provider.name!r} declares {flag} = False: {meaning}"
-        if name == "multiple_processes" and getattr(url, "database", None) in (
-            None,
-            "",
-            ":memory:",
-        ):
-            if getattr(url, "get_backend_name", lambda: "")().startswith("sqlite"):
-                return "an in-memory SQLite database cannot be shared by processes"
+        if name == "multiple_processes" and provider.private_to_engine(engine):
+            return (
+                f"provider {provider.name!r} says this database lives inside one engine "
+                "(private_to_engine, e.g. in memory), so processes cannot share it"
+            )
     return None
 
 
-def skip_unless_capable(request: pytest.FixtureRequest, provider: Any, url: Any) -> None:
+def skip_unless_capable(request: pytest.FixtureRequest, provider: Any, engine: Engine) -> None:
     marker = request.node.get_closest_marker("dbcluster_requires")
     if marker is not None:
-        reason = missing(provider, url, tuple(marker.args))
+        reason = missing(provider, engine, tuple(marker.args))
         if reason:
             pytest.skip(reason)

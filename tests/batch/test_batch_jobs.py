@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Column, Integer, MetaData, Table, exists, insert, select, update
+from sqlalchemy import Column, Integer, MetaData, Table, insert, update
 
 from dbcluster.batch import (
     BatchRuntime,
@@ -27,7 +27,6 @@ from dbcluster.batch import (
     JobRepository,
     ListItemWriter,
     LocalPartitionHandler,
-    OptimisticLockingFailureError,
     PartitionStep,
     RepeatStatus,
     SqlItemWriter,
@@ -36,6 +35,7 @@ from dbcluster.batch import (
     TaskletStep,
     item_writer,
 )
+from dbcluster.batch.fence import FencedError
 
 
 class Boom(Exception):
@@ -294,21 +294,38 @@ def test_csv_writer_restarts_at_last_commit(
     assert [int(r["n"]) for r in rows] == list(range(30))
 
 
-def test_false_write_guard_rolls_back_the_chunk_user_writes(
+class _TokenFence:
+    """A fence on a one-row table: holds while its token is still 1 (a guarded UPDATE)."""
+
+    def __init__(self, table: Table) -> None:
+        self.table = table
+
+    def hold(self, conn: Any) -> None:
+        held = conn.execute(
+            update(self.table).where(self.table.c.token == 1).values(token=1)
+        ).rowcount
+        if held != 1:
+            raise FencedError("the token moved")
+
+    def finish(self, conn: Any, execution: Any) -> None:
+        self.hold(conn)
+
+
+def test_a_broken_fence_rolls_back_the_chunk_user_writes(
     repo: JobRepository, tables: Any, backend: Any
 ) -> None:
     md = MetaData()
-    fence = Table("t_batch_fence", md, Column("token", Integer, nullable=False))
+    token = Table("t_batch_fence", md, Column("token", Integer, nullable=False))
     md.drop_all(backend.engine)
     md.create_all(backend.engine)
     try:
         with backend.engine.begin() as conn:
-            conn.execute(insert(fence), {"token": 1})
+            conn.execute(insert(token), {"token": 1})
 
         def process(item: int) -> int:
             if item == 12:  # another node takes the partition over while this one runs
                 with backend.engine.begin() as conn:
-                    conn.execute(update(fence).values(token=2))
+                    conn.execute(update(token).values(token=2))
             return item
 
         step = ChunkStep(
@@ -321,9 +338,9 @@ def test_false_write_guard_rolls_back_the_chunk_user_writes(
         params = _params()
         je = repo.create_job_execution(repo.create_job_instance("fence", params), params)
         se = repo.create_step_execution(je, "fenced")
-        se.write_guard = exists(select(fence.c.token).where(fence.c.token == 1))
+        se.fence = _TokenFence(token)
         runtime = BatchRuntime(repo, LocalPartitionHandler())
-        with pytest.raises(OptimisticLockingFailureError, match="write guard"):
+        with pytest.raises(FencedError, match="token moved"):
             step.execute(se, runtime)
         assert tables.out_items() == list(range(10)), "the fenced chunk's writes rolled back"
         stored = repo.get_step_execution(se.id)

@@ -1,45 +1,148 @@
 """`dbcluster bench` runs its scenarios end to end (tiny sizes; the figures are not judged here:
-benchmarks print numbers, they are not timed tests)."""
+benchmarks print numbers, they are not timed tests). Only what must hold whatever the machine is
+asserted: jobs complete, rows are written, the counters count, limits are detected."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from typing import Any
+
+import pytest
+
+#: Short intervals so that the tiny runs finish in seconds (the scenarios take their settings
+#: from the environment, like a node).
+FAST = {
+    "DBCLUSTER_HEARTBEAT_INTERVAL": "500",
+    "DBCLUSTER_TASK_POLLING_INTERVAL": "100",
+    "DBCLUSTER_SWEEP_INTERVAL": "1000",
+    "DBCLUSTER_STRANDED_MASTER_SCAN_INTERVAL": "1000",
+}
 
 
-def run_bench(*args: str) -> subprocess.CompletedProcess[str]:
+def run_bench(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "dbcluster.cli", "bench", *args],
         capture_output=True,
         text=True,
         timeout=300,
+        env={**os.environ, **(env or {})},
     )
+
+
+def bench_json(*args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    result = run_bench(*args, "--json", env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    scenarios: dict[str, Any] = json.loads(result.stdout)["scenarios"]
+    return scenarios
 
 
 def test_bench_overhead_and_chunk_print_json_on_sqlite() -> None:
-    result = run_bench(
-        "overhead",
-        "chunk",
-        "--partitions",
-        "40",
-        "--workers",
-        "2",
-        "--chunk-rows",
-        "5000",
-        "--json",
+    report = bench_json(
+        "overhead", "chunk", "--partitions", "40", "--workers", "2", "--chunk-rows", "5000"
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout)
-    overhead = report["scenarios"]["overhead"]
+    overhead = report["overhead"]
     assert overhead["local"]["status"] == overhead["cluster"]["status"] == "COMPLETED"
     assert overhead["cluster"]["partitions_per_s"] > 0
     assert overhead["extra_statements_per_partition"] > 0
-    chunk = report["scenarios"]["chunk"]
+    # The counting pass: SQLite's trace in this process and in the workers.
+    assert overhead["cluster"]["round_trips_per_partition"] > 0
+    assert overhead["cluster"]["commits_per_partition"] >= 1
+    assert "sqlite3's statement trace" in overhead["round_trips"]["cluster"]["source"]
+    chunk = report["chunk"]
     assert chunk["status"] == "COMPLETED" and chunk["totals_agree"] is True
+
+
+def _check_drain(drain: dict[str, Any], partitions: int) -> None:
+    framework, baseline = drain["framework"], drain["baseline"]
+    assert framework["status"] == "COMPLETED"
+    assert framework["rows_written"] == baseline["rows_written"] == partitions
+    assert framework["partitions_per_s"] > 0 and baseline["rows_per_s"] > 0
+    assert drain["ratio_framework_to_baseline"] > 0
+    # The baseline is one INSERT and one COMMIT per row at least; the framework does more.
+    assert baseline["commits_per_row"] == 1.0
+    assert 2 <= baseline["round_trips_per_row"] < 4
+    assert framework["commits_per_partition"] >= 1
+    assert framework["round_trips_per_partition"] > baseline["round_trips_per_row"]
+    by_kind = drain["round_trips"]["framework"]["per_partition"]["by_kind"]
+    assert by_kind["insert"] >= 1 and by_kind["commit"] >= 1
+    assert drain["round_trips"]["framework"]["workers_per_partition"]["round_trips"] > 0
+
+
+def _check_ceiling(ceiling: dict[str, Any], nodes: int) -> None:
+    figures = ceiling[f"nodes_{nodes}"]
+    assert figures["errors"] == 0, figures.get("first_error")
+    assert figures["store_calls_per_s"] > 0
+    assert set(figures["heartbeat_ms"]) == {"p50", "p95", "p99", "max"}
+    assert figures["poll_ms"]["p50"] > 0
+    server = figures["server"]  # PostgreSQL counts statements only with pg_stat_statements
+    assert (server["statements_per_s"] or server["transactions_per_s"]) > 0
+    assert figures["missed_intervals"]["heartbeat"]["of"] > 0
+
+
+def test_bench_drain_and_ceiling_on_sqlite() -> None:
+    report = bench_json(
+        "drain",
+        "ceiling",
+        "--drain-partitions",
+        "30",
+        "--ceiling-nodes",
+        "3",
+        "--ceiling-seconds",
+        "2",
+        env=FAST,
+    )
+    _check_drain(report["drain"], 30)
+    # SQLite: BEGIN, INSERT, COMMIT, exactly (the trace sees the library's every statement).
+    assert report["drain"]["baseline"]["round_trips_per_row"] == 3.0
+    _check_ceiling(report["ceiling"], 3)
+    assert report["ceiling"]["server_max_connections"] is None
+
+
+@pytest.mark.parametrize(
+    "env_var",
+    ["DBCLUSTER_TEST_POSTGRESQL_URL", "DBCLUSTER_TEST_MARIADB_URL"],
+    ids=["pg", "mariadb"],
+)
+def test_bench_drain_and_ceiling_on_a_server(env_var: str) -> None:
+    """Through the wire proxy; the ceiling reads the server's counters and its connection
+    limit, and reports a node count that does not fit as skipped, not as a pass."""
+    url = os.environ.get(env_var)
+    if not url:
+        pytest.skip(f"{env_var} is not set")
+    report = bench_json(
+        "drain",
+        "ceiling",
+        "--url",
+        url,
+        "--drain-partitions",
+        "30",
+        "--ceiling-nodes",
+        "3,100000",
+        "--ceiling-seconds",
+        "2",
+        env=FAST,
+    )
+    _check_drain(report["drain"], 30)
+    assert "wire-protocol proxy" in report["drain"]["round_trips"]["framework"]["source"]
+    ceiling = report["ceiling"]
+    _check_ceiling(ceiling, 3)
+    limit = ceiling["server_max_connections"]
+    assert ceiling["nodes_100000"]["skipped"].startswith(
+        f"server max_connections={limit}; raise it to run 100000 nodes"
+    )
 
 
 def test_bench_rejects_an_unknown_scenario() -> None:
     result = run_bench("nonsense")
     assert result.returncode == 2
     assert "unknown scenario" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_bench_rejects_bad_node_counts() -> None:
+    result = run_bench("ceiling", "--ceiling-nodes", "50,zero")
+    assert result.returncode == 2
+    assert "--ceiling-nodes must be positive integers" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -138,7 +138,9 @@ def test_detached_launch_returns_at_once_and_status_shows_it_in_flight(
         APP,
         "reconcile-receipts",
         "run=detached",
-        "pace_ms(int)=250",
+        # Slow enough (about 10 s) that the job is still running when `status` reads it, even
+        # when a loaded machine takes seconds to start the two commands.
+        "pace_ms(int)=600",
         "--no-work",
         "--detach",
         "--log-file",

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from cli_helpers import APP, run_cli
 
+from dbcluster.batch import JobRepository
 from dbcluster.dialects import make_engine
 from dbcluster.schema import metadata
 
@@ -105,3 +106,22 @@ def test_unknown_execution(command: list[str], ready_url: str) -> None:
 
 def test_unsupported_url() -> None:
     assert_user_error(["status", "--url", "informix://u:pw@h/db"], "supported:")
+
+
+def test_launch_next_increments_the_run_id_and_a_validator_refuses_bad_parameters(
+    ready_url: str,
+) -> None:
+    app = ["--url", ready_url, "--app", "next_app:registry"]
+    path = str(Path(__file__).resolve().parent)
+    repository = JobRepository(make_engine(ready_url))
+    for run_id in (1, 2):
+        proc = run_cli("launch", *app, "daily", "region=eu", "--next", "--json", PYTHONPATH=path)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        last = repository.get_last_job_instance_execution("daily")
+        assert last is not None and dict(last.parameters) == {"region": "eu", "run.id": run_id}
+    repository.engine.dispose()
+    proc = run_cli("launch", *app, "daily", "--next", "other=1", timeout=30, PYTHONPATH=path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    message = proc.stderr.strip()
+    assert len(message.splitlines()) == 1, message
+    assert "'other' is not a parameter of this job" in message, message

@@ -6,18 +6,10 @@ import pytest
 from sqlalchemy import Engine
 
 from dbcluster.cluster import Cluster, ClusterSettings  # noqa: F401
-from dbcluster.testing.app import FAST_SETTINGS, build_registry, ledger_metadata
+from dbcluster.testing.app import FAST_SETTINGS, build_registry
 from dbcluster.testing.backends import Backend
 
 FAST = FAST_SETTINGS
-
-
-@pytest.fixture
-def ledger_engine(backend: Backend) -> Iterator[Engine]:
-    ledger_metadata.drop_all(backend.engine)
-    ledger_metadata.create_all(backend.engine)
-    yield backend.engine
-    ledger_metadata.drop_all(backend.engine)
 
 
 @pytest.fixture
@@ -33,5 +25,4 @@ def make_cluster(backend: Backend, ledger_engine: Engine) -> Iterator[Callable[.
 
     yield make
     for cluster in started:
-        cluster.node.resume()
         cluster.stop(drain_timeout_ms=2000)

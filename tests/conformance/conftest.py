@@ -34,6 +34,6 @@ def dbc_backend(
     open_test_backend: Callable[[str], Backend],
 ) -> Iterator[Backend]:
     found = open_test_backend(dbc_backend_name)
-    skip_unless_capable(request, found.provider, found.engine.url)
+    skip_unless_capable(request, found.provider, found.engine)
     found.reset()
     yield found

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import update
 
 from dbcluster.dialects import registry
-from dbcluster.dialects.base import PARTITION_CLAIMED, PARTITION_PENDING
+from dbcluster.dialects.base import PARTITION_CLAIMED
 from dbcluster.dialects.sqlite import SQLiteProvider
 from dbcluster.schema import job_coordination, partitions
 from dbcluster.testing.backends import Backend, open_url
@@ -39,7 +39,7 @@ class StrandedClaimWithoutGuard(SQLiteProvider):
     """Every survivor "wins" a stranded job."""
 
     def claim_stranded_master(
-        self, job_execution_id: int, lost_master: str, status: str, new_owner: str
+        self, job_execution_id: int, lost_master: str, epoch: int, status: str, new_owner: str
     ) -> Any:
         return (
             update(job_coordination)
@@ -48,11 +48,29 @@ class StrandedClaimWithoutGuard(SQLiteProvider):
         )
 
 
-class GuardIgnoresAttempt(SQLiteProvider):
+class FenceIgnoresItsHolder(SQLiteProvider):
     """The fencing token is not checked: a reassigned partition's old holder still writes."""
 
-    def partition_guard(self, step_execution_id: int, node_id: str, attempt: int) -> Any:
-        return partitions.c.status.in_([PARTITION_CLAIMED, PARTITION_PENDING]) | True
+    def hold_partition(self, step_execution_id: int, node_id: str, attempt: int) -> Any:
+        return (
+            update(partitions)
+            .where(partitions.c.step_execution_id == step_execution_id)
+            .values(last_updated=self.now())
+        )
+
+
+class RemovalLeavesClaimsAlone(SQLiteProvider):
+    """A removed node's claims keep their attempt: its late commits would still land."""
+
+    def fence_partitions_of_removing(self) -> Any:
+        return super().fence_partitions_of_removing().where(partitions.c.attempt < 0)
+
+
+class EverythingIsTransient(SQLiteProvider):
+    """An over-broad classifier: every error is "try again" (issue 17, item 7)."""
+
+    def is_transient(self, error: BaseException) -> bool:
+        return True
 
 
 @pytest.fixture
@@ -82,7 +100,8 @@ def _with(backend: Backend, provider_class: type[SQLiteProvider]) -> Backend:
             StrandedClaimWithoutGuard,
             [suite.test_concurrent_stranded_master_claims_exactly_one_wins],
         ),
-        (GuardIgnoresAttempt, [suite.test_reassignment_fences_the_previous_attempt]),
+        (FenceIgnoresItsHolder, [suite.test_reassignment_fences_the_previous_attempt]),
+        (RemovalLeavesClaimsAlone, [suite.test_removing_a_node_fences_what_it_claimed]),
     ],
     ids=lambda v: v.__name__ if isinstance(v, type) else "",
 )
@@ -100,3 +119,19 @@ def test_the_suite_catches_a_broken_provider(
         sqlite_backend.reset()
         with pytest.raises(AssertionError):
             test(_with(sqlite_backend, provider_class))
+
+
+def test_the_suite_fails_a_provider_that_calls_every_error_transient(
+    sqlite_backend: Backend,
+) -> None:
+    """Run as a whole, the provider suite must fail it somewhere: such a provider retries broken
+    statements forever and passes a broken concurrent claim off as a lost race."""
+    _with(sqlite_backend, EverythingIsTransient)
+    failed = []
+    for name in suite.__all__:
+        sqlite_backend.reset()
+        try:
+            getattr(suite, name)(sqlite_backend)
+        except AssertionError:
+            failed.append(name)
+    assert failed, "every suite test passed a provider that calls every error transient"

@@ -1,5 +1,10 @@
-"""A third-party provider registered through the ``dbcluster.dialects`` entry point is picked up
-from its URL and passes the conformance suite, run with the documented command."""
+"""Third-party providers registered through the ``dbcluster.dialects`` entry point are picked up
+from their URL and pass the conformance suite, run with the documented command.
+
+Two worked examples (``tests/thirdparty/``): ``sqlitex``, SQLite under another URL scheme, and
+``filedb``, the one to copy: a dialect named for its database, a port-less URL, its own column
+type, install hint and scratch databases (docs/PROVIDERS.md).
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,9 @@ import sys
 import tomllib
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "thirdparty"
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "thirdparty"
 
 
 def install(package: Path, site: Path) -> Path:
@@ -36,46 +43,87 @@ def install(package: Path, site: Path) -> Path:
     return site
 
 
-def test_an_entry_point_provider_is_found_from_its_url_and_passes_the_suite(tmp_path: Path) -> None:
-    site = install(PACKAGE, tmp_path / "site")
-    env = {
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The environment of a Python in which both examples are installed."""
+    site = tmp_path_factory.mktemp("site")
+    for example in ("sqlitex", "filedb"):
+        install(EXAMPLES / example, site)
+    return {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
     }
-    url = f"sqlitex:///{tmp_path}/suite.db"
-    found = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import sys; from dbcluster.dialects import provider_for_url; "
-            "print(type(provider_for_url(sys.argv[1])).__module__)",
-            url,
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
+
+
+def run(
+    env: dict[str, str], *args: str, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, env=env, timeout=600, cwd=cwd
     )
-    assert found.stdout.strip() == "sqlitex_provider", found.stdout + found.stderr
-    suite = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "--pyargs",
-            "dbcluster.testing.suite",
-            "--dbcluster-url",
-            url,
-            "-p",
-            "no:cacheprovider",
-            "-q",
-            "-rs",
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-        cwd=tmp_path,
+
+
+def run_suite(env: dict[str, str], url: str, cwd: Path) -> str:
+    suite = run(
+        env,
+        *("-m", "pytest", "--pyargs", "dbcluster.testing.suite", "--dbcluster-url", url),
+        *("-p", "no:cacheprovider", "-q", "-rs"),
+        cwd=cwd,
     )
     assert suite.returncode == 0, suite.stdout[-5000:] + suite.stderr[-2000:]
     assert " passed" in suite.stdout and " failed" not in suite.stdout, suite.stdout[-3000:]
+    return suite.stdout
+
+
+def provider_module(env: dict[str, str], url: str) -> str:
+    found = run(
+        env,
+        "-c",
+        "import sys; from dbcluster.dialects import provider_for_url; "
+        "print(type(provider_for_url(sys.argv[1])).__module__)",
+        url,
+    )
+    return found.stdout.strip() or found.stderr
+
+
+def test_an_entry_point_provider_is_found_from_its_url_and_passes_the_suite(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    url = f"sqlitex:///{tmp_path}/suite.db"
+    assert provider_module(env, url) == "sqlitex_provider"
+    run_suite(env, url, tmp_path)
+
+
+def test_the_worked_example_is_one_provider_by_url_and_by_name_with_its_own_types(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    url = f"filedb:///{tmp_path}/jobs.db"
+    assert provider_module(env, url) == "dbcluster_filedb"
+    by_url = run(env, "-m", "dbcluster.cli", "ddl", "--url", url)
+    by_name = run(env, "-m", "dbcluster.cli", "ddl", "--dialect", "filedb")
+    sqlite = run(env, "-m", "dbcluster.cli", "ddl", "--dialect", "sqlite")
+    assert by_url.returncode == by_name.returncode == sqlite.returncode == 0, by_url.stderr
+    assert by_url.stdout == by_name.stdout
+    assert by_url.stdout.count("serialized_context CLOB") == 2, by_url.stdout
+    assert "CLOB" not in sqlite.stdout and "serialized_context TEXT" in sqlite.stdout
+    assert not (tmp_path / "jobs.db").exists(), "ddl connected to the database"
+    listed = run(env, "-m", "dbcluster.cli", "ddl", "--help")
+    assert "filedb" in listed.stdout and "sqlitex" in listed.stdout, listed.stdout
+
+
+def test_the_worked_example_names_its_own_driver(env: dict[str, str], tmp_path: Path) -> None:
+    result = run(env, "-m", "dbcluster.cli", "init", "--url", f"filedb+apsw:///{tmp_path}/x.db")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "FileDB has no 'apsw' driver" in result.stderr, result.stderr
+    assert "dbcluster[" not in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_the_worked_example_passes_the_suite_in_a_scratch_file_of_its_own(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    given = tmp_path / "given.db"
+    output = run_suite(env, f"filedb:///{given}", tmp_path)
+    assert " skipped" not in output, output[-3000:]
+    assert not given.exists(), "the suite worked in the given database, not a scratch one"
+    assert not list(tmp_path.glob("dbc_*")), "the scratch database was left behind"

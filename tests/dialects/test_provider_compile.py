@@ -7,11 +7,11 @@ providers produce SQL those dialects accept, with the vendor functions we rely o
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 
 from dbcluster import schema
 from dbcluster.dialects import BUILTIN_NAMES, provider_for_name
-from dbcluster.dialects.base import COORD_STARTED, PARTITION_COMPLETED, QueryProvider
+from dbcluster.dialects.base import COORD_STARTED, PARTITION_COMPLETED, QueryProvider, SessionLimits
 from dbcluster.schema import nodes
 
 CLOCKS = {
@@ -48,14 +48,19 @@ def statements(provider: QueryProvider) -> list:
         provider.select_now(),
         select(nodes.c.node_id).where(provider.older_than(nodes.c.last_heartbeat, 250)),
         provider.heartbeat("n", 1),
+        provider.touch_node("n", 1),
         provider.mark_unreachable(10_000),
-        provider.remove_stale(30_000),
+        provider.mark_removing(30_000),
+        provider.fence_partitions_of_removing(),
+        provider.delete_removing(),
+        provider.fence_claims_of("n"),
         provider.deregister_node("n"),
         provider.set_node_capacity("n", 0),
         provider.select_nodes(),
         provider.select_nodes_with_age(),
         provider.insert_partitions(),
         provider.claim_partition(1, "n", 1),
+        provider.hold_partition(1, "n", 1),
         provider.finish_partition(1, "n", 1, PARTITION_COMPLETED),
         provider.release_partition(1, "n", 1),
         provider.reassign_partition(1, "n", 1, "m"),
@@ -65,16 +70,33 @@ def statements(provider: QueryProvider) -> list:
         provider.select_orphaned_partitions(1),
         provider.select_partition_counts(1),
         provider.select_partitions(1),
-        provider.insert_coordination(1, "n", 2, "w"),
-        provider.set_coordination_status(1, "n", [COORD_STARTED], "COMPLETED"),
+        provider.insert_coordination(1, "n"),
+        provider.hold_mastership(1, "n", 1),
+        provider.place_coordination(1, "n", 1, 2, "w"),
+        provider.finish_mastership(1, "n", 1, "COMPLETED"),
+        provider.set_coordination_status(1, "n", 2, [COORD_STARTED], "COMPLETED"),
         provider.select_stranded_masters(),
-        provider.restart_coordination(1, "n", 2, "w"),
         provider.fail_job_partitions(1),
+        provider.fail_job_partitions(1, [2, 3]),
+        provider.select_in_flight_partition_ids(1),
         provider.release_pending_for_node("n"),
         provider.select_recovering_owned_by("n"),
         provider.select_in_flight_count(1),
-        select(nodes.c.node_id).where(provider.partition_guard(1, "n", 1)),
-        provider.claim_stranded_master(1, "n", COORD_STARTED, "m"),
+        provider.claim_stranded_master(1, "n", 1, COORD_STARTED, "m"),
+        # The hot statements, as the coordination store builds them once (bound parameters).
+        provider.heartbeat(bindparam("b_node"), bindparam("b_load")),
+        provider.select_claimable(bindparam("b_node"), 4, None, None),
+        provider.select_claimable(bindparam("b_node"), 4, 5000, 10_000),
+        provider.lock_claimable(bindparam("b_ids", expanding=True)),
+        provider.claim_partitions(bindparam("b_node"), bindparam("b_ids", expanding=True)),
+        provider.start_claimed(
+            bindparam("b_node"), bindparam("b_ids", expanding=True), bindparam("b_started_at")
+        ),
+        provider.select_claimed(bindparam("b_node"), bindparam("b_ids", expanding=True)),
+        provider.hold_partition(bindparam("b_id"), bindparam("b_node"), bindparam("b_attempt")),
+        provider.retry_partition(bindparam("b_id"), bindparam("b_node"), bindparam("b_attempt")),
+        provider.release_partition(bindparam("b_id"), bindparam("b_node"), bindparam("b_attempt")),
+        provider.select_stale_node(10_000, 30_000),
     ]
 
 
@@ -134,3 +156,94 @@ def test_register_node_compiles(name: str) -> None:
 
     provider.register_node(FakeConnection(), "n", "h")  # type: ignore[arg-type]
     assert executed and all("batch_nodes" in sql for sql in executed)
+
+
+@pytest.mark.parametrize("name", BUILTIN_NAMES)
+def test_every_bounded_write_compiles(name: str) -> None:
+    """What each provider runs for a guarded write: the statement itself, after a bounded row
+    lock where the database bounds no lock wait per session (Oracle)."""
+    provider = provider_for_name(name)
+    provider.limits = SessionLimits(lock_timeout_ms=2500, idle_in_transaction_ms=9000)
+    for stmt in (provider.hold_partition(1, "n", 1), provider.fail_job_partitions(1)):
+        compiled = [str(s.compile(dialect=provider.dialect)) for s in provider.bounded(stmt)]
+        assert compiled[-1] == str(stmt.compile(dialect=provider.dialect))
+        if name == "oracle":
+            assert len(compiled) == 2 and "FOR UPDATE WAIT 3" in compiled[0], compiled
+        else:
+            assert len(compiled) == 1
+
+
+SESSION_BOUNDS = {
+    "postgresql": (
+        {
+            "connect_args": {
+                "options": "-c lock_timeout=2500 -c idle_in_transaction_session_timeout=9000"
+            }
+        },
+        [],
+    ),
+    "mysql": (
+        {
+            "pool_recycle": 4,
+            "connect_args": {
+                "init_command": "SET SESSION innodb_lock_wait_timeout = 3, wait_timeout = 9"
+            },
+        },
+        [],
+    ),
+    "mariadb": (
+        {
+            "connect_args": {
+                "init_command": "SET SESSION innodb_lock_wait_timeout = 3, "
+                "idle_transaction_timeout = 9"
+            }
+        },
+        [],
+    ),
+    "oracle": ({}, []),
+    "mssql": ({}, ["SET LOCK_TIMEOUT 2500"]),
+    "db2": ({}, ["SET CURRENT LOCK TIMEOUT = 3"]),
+    "sqlite": ({}, []),
+}
+
+
+@pytest.mark.parametrize("name", BUILTIN_NAMES)
+def test_every_session_gets_its_lock_and_idle_bounds(name: str) -> None:
+    provider = provider_for_name(name)
+    limits = SessionLimits(lock_timeout_ms=2500, idle_in_transaction_ms=9000)
+    options, statements_ = SESSION_BOUNDS[name]
+    assert provider.session_engine_options(limits) == options
+    assert provider.session_statements(limits) == statements_
+
+
+def test_claims_skip_rows_another_claimer_holds_where_the_database_can() -> None:
+    skipping = set()
+    for name in BUILTIN_NAMES:
+        provider = provider_for_name(name)
+        lock = provider.lock_claimable(bindparam("b_ids", expanding=True))
+        sql = str(lock.compile(dialect=provider.dialect)).upper()
+        assert ("SKIP LOCKED" in sql) == provider.skip_locked(), (name, sql)
+        if provider.skip_locked():
+            skipping.add(name)
+    assert skipping == {"postgresql", "mysql", "mariadb", "oracle"}
+
+
+def test_only_postgresql_sends_wake_ups_and_its_notify_compiles() -> None:
+    assert [n for n in BUILTIN_NAMES if provider_for_name(n).supports_listen_notify] == [
+        "postgresql"
+    ]
+    provider = provider_for_name("postgresql")
+    sql = str(
+        provider.notify(provider.notify_parameter("b_channels")).compile(dialect=provider.dialect)
+    )
+    assert "pg_notify" in sql and "unnest" in sql
+    channel = provider.wake_channel("host-0123456789abcdef0123456789abcdef")
+    assert channel.startswith("dbcluster_") and len(channel) <= 63 and channel.isidentifier()
+
+
+def test_the_claim_writes_the_step_executions_status_as_the_repository_spells_it() -> None:
+    from dbcluster.batch.status import BatchStatus, ExitStatus
+    from dbcluster.dialects.base import STEP_EXECUTING, STEP_STARTED
+
+    assert STEP_STARTED == BatchStatus.STARTED.value
+    assert STEP_EXECUTING == ExitStatus.EXECUTING.code

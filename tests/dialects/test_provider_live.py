@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import Engine, func, insert, select
+from sqlalchemy import Engine, func, insert, select, update
 
 from dbcluster.dialects.base import (
     COORD_RECOVERING,
@@ -57,7 +57,7 @@ def make_partitions(engine: Engine, provider, count: int, node: str) -> tuple[in
                 ).inserted_primary_key[0]
             )
         master, workers = ids[0], ids[1:]
-        conn.execute(provider.insert_coordination(execution_id, node, master, "w"))
+        conn.execute(provider.insert_coordination(execution_id, node, COORD_STARTED, master, "w"))
         conn.execute(
             provider.insert_partitions(),
             [
@@ -130,7 +130,9 @@ def test_register_twice_heartbeat_sweeps_and_removal(backend: Backend) -> None:
     with backend.engine.begin() as conn:
         conn.execute(provider.heartbeat("n1", 0))
         assert conn.execute(provider.mark_unreachable(300)).rowcount == 1  # only n2
-        assert conn.execute(provider.remove_stale(300)).rowcount == 1
+        assert conn.execute(provider.mark_removing(300)).rowcount == 1
+        conn.execute(provider.fence_partitions_of_removing())
+        assert conn.execute(provider.delete_removing()).rowcount == 1
         assert conn.execute(select(nodes.c.node_id)).scalars().all() == ["n1"]
         assert conn.execute(provider.deregister_node("n1")).rowcount == 1
         assert conn.execute(provider.heartbeat("n1", 0)).rowcount == 0
@@ -168,16 +170,24 @@ def test_guarded_partition_transitions(backend: Backend) -> None:
     assert run(provider.claim_partition(p0, "n1", 1)) == 0
     assert status(p0) == (PARTITION_CLAIMED, "n1", 1)
 
-    # Reassign bumps the attempt; the old holder's completion then changes nothing.
+    # The fence holds only for the holder of the claim.
+    assert run(provider.hold_partition(p0, "n1", 1)) == 1
+    assert run(provider.hold_partition(p0, "n2", 1)) == 0
+    assert run(provider.hold_partition(p0, "n1", 2)) == 0
+
+    # Reassign moves it to another node (the (node, attempt) pair changes); the old holder's
+    # fence and completion then change nothing.
     assert run(provider.reassign_partition(p0, "n1", 1, "n2")) == 1
-    assert status(p0) == (PARTITION_PENDING, "n2", 2)
+    assert status(p0) == (PARTITION_PENDING, "n2", 1)
+    assert run(provider.hold_partition(p0, "n1", 1)) == 0
     assert run(provider.finish_partition(p0, "n1", 1, PARTITION_COMPLETED)) == 0
-    assert run(provider.claim_partition(p0, "n2", 2)) == 1
-    assert run(provider.finish_partition(p0, "n2", 2, PARTITION_COMPLETED)) == 1
+    assert run(provider.claim_partition(p0, "n2", 1)) == 1
+    assert run(provider.finish_partition(p0, "n2", 1, PARTITION_COMPLETED)) == 1
     # Terminal rows are never resurrected.
-    assert run(provider.reassign_partition(p0, "n2", 2, "n1")) == 0
-    assert run(provider.finish_partition(p0, "n2", 2, PARTITION_FAILED)) == 0
-    assert status(p0) == (PARTITION_COMPLETED, "n2", 2)
+    assert run(provider.reassign_partition(p0, "n2", 1, "n1")) == 0
+    assert run(provider.finish_partition(p0, "n2", 1, PARTITION_FAILED)) == 0
+    assert run(provider.hold_partition(p0, "n2", 1)) == 0
+    assert status(p0) == (PARTITION_COMPLETED, "n2", 1)
 
     # Release hands back an unstarted partition: no node, next attempt.
     assert run(provider.claim_partition(p1, "n1", 1)) == 1
@@ -185,18 +195,28 @@ def test_guarded_partition_transitions(backend: Backend) -> None:
     assert status(p1) == (PARTITION_PENDING, None, 2)
     assert run(provider.release_partition(p1, "n1", 1)) == 0
 
-    # Orphans: p1 (no node) now; p2 once n1 is gone.
+    # Orphans: p1 (no node) now; p2 once n1 is gone. Removing n1 fences its claim on p2.
+    assert run(provider.claim_partition(p2, "n1", 1)) == 1
     with engine.connect() as conn:
         orphans = conn.execute(provider.select_orphaned_partitions(master)).all()
     assert [o.step_execution_id for o in orphans] == [p1]
     with engine.begin() as conn:
-        conn.execute(provider.deregister_node("n1"))
+        conn.execute(update(nodes).where(nodes.c.node_id == "n1").values(status="UNREACHABLE"))
+    time.sleep(0.05)
+    with engine.begin() as conn:
+        assert conn.execute(provider.mark_removing(10)).rowcount == 1
+        assert conn.execute(provider.fence_partitions_of_removing()).rowcount == 1
+        assert conn.execute(provider.delete_removing()).rowcount == 1
+    assert status(p2) == (PARTITION_CLAIMED, "n1", 2)
+    assert run(provider.hold_partition(p2, "n1", 1)) == 0
+    with engine.connect() as conn:
         orphans = conn.execute(provider.select_orphaned_partitions(master)).all()
     assert [o.step_execution_id for o in orphans] == [p1, p2]
     assert run(provider.reassign_partition(p1, None, 2, "n2")) == 1
-    assert run(provider.fail_orphaned_partition(p2, "n1", 2)) == 0
-    assert run(provider.fail_orphaned_partition(p2, "n1", 1)) == 1
-    assert status(p2) == (PARTITION_FAILED, "n1", 1)
+    assert status(p1) == (PARTITION_PENDING, "n2", 2)
+    assert run(provider.fail_orphaned_partition(p2, "n1", 1)) == 0
+    assert run(provider.fail_orphaned_partition(p2, "n1", 2)) == 1
+    assert status(p2) == (PARTITION_FAILED, "n1", 2)
 
     with engine.connect() as conn:
         counts = {r[0]: r[1] for r in conn.execute(provider.select_partition_counts(master))}
@@ -220,15 +240,24 @@ def test_stranded_master_is_claimed_exactly_once(backend: Backend) -> None:
     ]
     with engine.begin() as conn:
         won = conn.execute(
-            provider.claim_stranded_master(execution_id, "master", COORD_STARTED, "s1")
+            provider.claim_stranded_master(execution_id, "master", 1, COORD_STARTED, "s1")
         ).rowcount
         lost = conn.execute(
-            provider.claim_stranded_master(execution_id, "master", COORD_STARTED, "s2")
+            provider.claim_stranded_master(execution_id, "master", 1, COORD_STARTED, "s2")
         ).rowcount
     assert (won, lost) == (1, 0)
     with engine.connect() as conn:
-        row = conn.execute(select(job_coordination.c.status, job_coordination.c.master_node)).one()
-        assert tuple(row) == (COORD_RECOVERING, "s1")
+        row = conn.execute(
+            select(
+                job_coordination.c.status,
+                job_coordination.c.master_node,
+                job_coordination.c.master_epoch,
+            )
+        ).one()
+        assert tuple(row) == (COORD_RECOVERING, "s1", 2)
+    # The lost master's fence (its node, epoch 1) holds nothing any more.
+    with engine.begin() as conn:
+        assert conn.execute(provider.hold_mastership(execution_id, "master", 1)).rowcount == 0
         # The recovering node is alive, so the row is not stranded; it would be if s1 died.
         assert conn.execute(provider.select_stranded_masters()).all() == []
 
@@ -253,3 +282,24 @@ def test_ddl_applies_to_an_empty_database_and_create_is_idempotent(backend: Back
         assert len(provider.create_tables(engine)) == len(schema.ALL_TABLES)
     with engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(nodes)).scalar_one() == 0
+
+
+def test_keys_compare_case_and_accent_sensitively(backend: Backend) -> None:
+    """'Job' and 'job', 'café' and 'cafe' are different job names and node ids on every
+    database (MySQL 8's and MariaDB's default collations, and SQL Server's, equate them)."""
+    provider, engine = backend.provider, backend.engine
+    names = ["Job", "job", "café", "cafe", "日本 😀"]
+    with engine.begin() as conn:
+        conn.execute(
+            insert(job_instance), [{"version": 0, "job_name": n, "job_key": "k"} for n in names]
+        )
+        for node_id in ("Node-1", "node-1", "nöde-1"):
+            provider.register_node(conn, node_id, "h")
+    with engine.connect() as conn:
+        for name in names:
+            found = conn.execute(
+                select(job_instance.c.job_name).where(job_instance.c.job_name == name)
+            ).scalars()
+            assert list(found) == [name]
+        nodes_found = conn.execute(select(nodes.c.node_id)).scalars().all()
+    assert sorted(nodes_found) == sorted(["Node-1", "node-1", "nöde-1"])

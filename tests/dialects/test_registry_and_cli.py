@@ -120,3 +120,26 @@ def test_init_creates_missing_tables_from_concurrent_processes(backend) -> None:
     assert all(code == 0 for code, _ in results), results
     again = run_cli("init", "--url", backend.url)
     assert again.returncode == 0 and "already exist" in again.stdout
+
+
+def test_init_creates_an_index_missing_from_an_existing_table(backend) -> None:
+    """DDL is not transactional on Oracle and MySQL: a crash between CREATE TABLE and CREATE
+    INDEX leaves the table without its index, and a later init must add it."""
+    from sqlalchemy import inspect
+
+    from dbcluster.schema import nodes
+
+    index = next(i for i in nodes.indexes if i.name == "ix_nodes_status_hb")
+    with backend.engine.begin() as conn:
+        index.drop(conn)
+    assert "ix_nodes_status_hb" not in {
+        i["name"] for i in inspect(backend.engine).get_indexes(nodes.name)
+    }
+    result = run_cli("init", "--url", backend.url)
+    assert result.returncode == 0, result.stderr
+    assert "created 1 missing index(es): ix_nodes_status_hb" in result.stdout
+    names = {str(i["name"]).lower() for i in inspect(backend.engine).get_indexes(nodes.name)}
+    assert "ix_nodes_status_hb" in names
+    assert (
+        run_cli("init", "--url", backend.url).stdout.strip() == "all dbcluster tables already exist"
+    )

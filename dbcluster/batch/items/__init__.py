@@ -8,11 +8,20 @@ from dbcluster.batch.items.base import (
     ItemWriter,
     item_writer,
 )
+from dbcluster.batch.items.composite import ClassifierItemWriter, CompositeItemWriter
 from dbcluster.batch.items.csv import CsvItemReader, CsvItemWriter
 from dbcluster.batch.items.iterable import IterableItemReader, ListItemWriter
-from dbcluster.batch.items.sql import SqlItemWriter, SqlKeyRangeReader
+from dbcluster.batch.items.jsonlines import JsonLinesItemReader, JsonLinesItemWriter
+from dbcluster.batch.items.sql import (
+    SqlCursorItemReader,
+    SqlItemWriter,
+    SqlKeyRangeReader,
+    SqlPagingItemReader,
+)
 
 __all__ = [
+    "ClassifierItemWriter",
+    "CompositeItemWriter",
     "CsvItemReader",
     "CsvItemWriter",
     "FunctionItemWriter",
@@ -21,8 +30,12 @@ __all__ = [
     "ItemStream",
     "ItemWriter",
     "IterableItemReader",
+    "JsonLinesItemReader",
+    "JsonLinesItemWriter",
     "ListItemWriter",
+    "SqlCursorItemReader",
     "SqlItemWriter",
     "SqlKeyRangeReader",
+    "SqlPagingItemReader",
     "item_writer",
 ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import types
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -64,3 +66,23 @@ def item_writer(fn: Callable[[Sequence[Any], ChunkContext], None]) -> FunctionIt
 
 def is_stream(obj: object) -> bool:
     return all(callable(getattr(obj, m, None)) for m in ("open", "update", "close"))
+
+
+def is_code(value: object) -> bool:
+    """Whether ``value`` is a function rather than an item: what a writer is given when a
+    processor factory was called as if it were the processor. (An object with methods may well
+    be an item, so only functions are told apart.)"""
+    return isinstance(
+        value,
+        (types.FunctionType, types.MethodType, types.BuiltinFunctionType, functools.partial),
+    )
+
+
+def refuse_code(items: Sequence[Any], writer: object) -> None:
+    """Fail loudly when a writer is handed functions instead of items."""
+    for item in items:
+        if is_code(item):
+            raise TypeError(
+                f"{type(writer).__name__} was given {item!r}, a function, as an item (is a "
+                f"processor factory being called as the processor?)"
+            )

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from dbcluster.batch.context import ExecutionContext
+from dbcluster.batch.items.base import refuse_code
 from dbcluster.batch.scope import ChunkContext
 
 
@@ -56,6 +57,7 @@ class ListItemWriter:
         self._lock = threading.Lock()
 
     def write(self, items: Sequence[Any], ctx: ChunkContext) -> None:
+        refuse_code(items, self)
         with self._lock:
             self.items.extend(items)
 

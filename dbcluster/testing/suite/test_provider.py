@@ -8,7 +8,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, delete, inspect, select, update
+from sqlalchemy import Engine, column, delete, insert, inspect, select, update
+from sqlalchemy import table as table_clause
+from sqlalchemy.exc import DBAPIError
 
 from dbcluster import schema
 from dbcluster.batch.parameters import JobParameters
@@ -25,10 +27,16 @@ __all__ = [
     "test_sweeps_mark_then_remove_silent_nodes",
     "test_claim_changes_one_row_only_under_its_guard",
     "test_concurrent_claims_exactly_one_wins",
+    "test_batched_claims_split_the_partitions_between_concurrent_claimers",
+    "test_a_poll_offers_own_partitions_and_those_it_may_steal",
+    "test_removing_a_node_fences_what_it_claimed",
+    "test_a_node_leaving_fences_what_it_still_has_claimed",
     "test_reassignment_fences_the_previous_attempt",
+    "test_a_held_partition_serializes_its_transfer",
     "test_orphans_and_stranded_masters_do_not_need_the_dead_node_row",
     "test_concurrent_stranded_master_claims_exactly_one_wins",
     "test_ddl_covers_every_table_and_init_is_idempotent",
+    "test_transient_classifier_calls_permanent_errors_permanent",
 ]
 
 
@@ -63,7 +71,9 @@ def _place(
 ) -> tuple[int, list[int]]:
     job_id, ids, master_id = _job(engine, count)
     with engine.begin() as conn:
-        conn.execute(provider.insert_coordination(job_id, node, master_id, "suite.worker"))
+        conn.execute(
+            provider.insert_coordination(job_id, node, "STARTED", master_id, "suite.worker")
+        )
         conn.execute(
             provider.insert_partitions(),
             [
@@ -90,6 +100,12 @@ def _register(engine: Engine, provider: QueryProvider, *node_ids: str) -> None:
 def _rowcount(engine: Engine, stmt: Any) -> int:
     with engine.begin() as conn:
         return conn.execute(stmt).rowcount
+
+
+def _lost_race(provider: QueryProvider, error: BaseException) -> bool:
+    """A contender that failed lost the race only through a database error the provider calls
+    transient (a lock conflict); the classifier itself is proven by the last test here."""
+    return isinstance(error, DBAPIError) and provider.is_transient(error)
 
 
 def _partition(engine: Engine, sid: int) -> Any:
@@ -204,6 +220,16 @@ def test_registration_survives_a_reregister_and_heartbeat_reports_a_removed_node
     )
 
 
+def _remove(engine: Engine, provider: QueryProvider, threshold_ms: int) -> int:
+    """A sweeper's removal transaction: lock the silent UNREACHABLE nodes, fence what they
+    claimed, delete them. Returns how many nodes it removed."""
+    with engine.begin() as conn:
+        if not conn.execute(provider.mark_removing(threshold_ms)).rowcount:
+            return 0
+        conn.execute(provider.fence_partitions_of_removing())
+        return conn.execute(provider.delete_removing()).rowcount
+
+
 def test_sweeps_mark_then_remove_silent_nodes(dbc_backend: Any) -> None:
     engine, provider = dbc_backend.engine, _provider(dbc_backend)
     _register(engine, provider, "suite-live", "suite-silent")
@@ -214,12 +240,38 @@ def test_sweeps_mark_then_remove_silent_nodes(dbc_backend: Any) -> None:
             .where(nodes.c.node_id == "suite-silent")
             .values(last_heartbeat=now - timedelta(seconds=5))
         )
-    assert _rowcount(engine, provider.remove_stale(2000)) == 0, "only UNREACHABLE nodes are removed"
+    assert _remove(engine, provider, 2000) == 0, "only UNREACHABLE nodes are removed"
     assert _rowcount(engine, provider.mark_unreachable(2000)) == 1
-    assert _rowcount(engine, provider.remove_stale(10000)) == 0
-    assert _rowcount(engine, provider.remove_stale(2000)) == 1
+    assert _remove(engine, provider, 10000) == 0
+    assert _remove(engine, provider, 2000) == 1
     with engine.connect() as conn:
         assert [r[0] for r in conn.execute(select(nodes.c.node_id))] == ["suite-live"]
+
+
+def test_removing_a_node_fences_what_it_claimed(dbc_backend: Any) -> None:
+    engine, provider = dbc_backend.engine, _provider(dbc_backend)
+    _register(engine, provider, "suite-dead", "suite-other")
+    _, (claimed, unclaimed) = _place(engine, provider, "suite-dead")
+    _, (elsewhere, _b) = _place(engine, provider, "suite-other")
+    assert _rowcount(engine, provider.claim_partition(claimed, "suite-dead", 1)) == 1
+    assert _rowcount(engine, provider.claim_partition(elsewhere, "suite-other", 1)) == 1
+    now = _naive(_now(engine, provider))
+    with engine.begin() as conn:
+        conn.execute(
+            update(nodes)
+            .where(nodes.c.node_id == "suite-dead")
+            .values(status=NODE_UNREACHABLE, last_heartbeat=now - timedelta(seconds=5))
+        )
+    assert _remove(engine, provider, 2000) == 1
+    row = _partition(engine, claimed)
+    assert (row.assigned_node, row.attempt, row.status) == ("suite-dead", 2, "CLAIMED"), (
+        "removing a node must move what it claimed to the next attempt in the same transaction"
+    )
+    assert _rowcount(engine, provider.hold_partition(claimed, "suite-dead", 1)) == 0
+    row = _partition(engine, unclaimed)
+    assert (row.attempt, row.status) == (1, "PENDING"), "an unclaimed partition keeps its attempt"
+    row = _partition(engine, elsewhere)
+    assert (row.assigned_node, row.attempt) == ("suite-other", 1), "another node's claim moved"
 
 
 # --- guarded transitions --------------------------------------------------------------------------
@@ -261,7 +313,7 @@ def test_concurrent_claims_exactly_one_wins(dbc_backend: Any) -> None:
                 with engine.begin() as conn:
                     won.append(conn.execute(provider.claim_partition(sid, "suite-n1", 1)).rowcount)
             except Exception as exc:  # noqa: BLE001 - a lock conflict counts as a lost race
-                if not provider.is_transient(exc):
+                if not _lost_race(provider, exc):
                     errors.append(exc)
 
         threads = [threading.Thread(target=claim) for _ in range(contenders)]
@@ -273,43 +325,190 @@ def test_concurrent_claims_exactly_one_wins(dbc_backend: Any) -> None:
         assert sum(won) == 1, f"{sum(won)} concurrent claims of one partition succeeded"
 
 
+def test_batched_claims_split_the_partitions_between_concurrent_claimers(
+    dbc_backend: Any,
+) -> None:
+    """Four nodes claim the same eight PENDING partitions at once, each in one transaction: every
+    partition is won by exactly one of them, and its step execution is STARTED exactly once, in
+    the claim's transaction."""
+    from dbcluster.cluster.store import CoordinationStore
+
+    engine, provider = dbc_backend.engine, _provider(dbc_backend)
+    claimers = [f"suite-c{i}" for i in range(4)]
+    _register(engine, provider, *claimers)
+    _, ids = _place(engine, provider, claimers[0], count=8)
+    store = CoordinationStore(engine, provider, retries=20, backoff_s=0.01)
+    barrier = threading.Barrier(len(claimers))
+    won: dict[str, list[int]] = {}
+    errors: list[BaseException] = []
+    started_at = datetime.now(UTC).replace(tzinfo=None)
+
+    def claim(node_id: str) -> None:
+        try:
+            barrier.wait(5)
+            claimed = store.claim(node_id, 0, ids, started_at)
+            won[node_id] = [c.partition.step_execution_id for c in claimed]
+            for c in claimed:
+                assert c.row["status"] == "STARTED" and int(c.row["version"]) == 1, dict(c.row)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=claim, args=(node_id,)) for node_id in claimers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    claimed = [sid for got in won.values() for sid in got]
+    assert sorted(claimed) == sorted(ids), f"claims overlap or missed partitions: {won}"
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(
+                partitions.c.assigned_node,
+                partitions.c.status,
+                schema.step_execution.c.status,
+                schema.step_execution.c.version,
+            )
+            .join(
+                schema.step_execution,
+                schema.step_execution.c.step_execution_id == partitions.c.step_execution_id,
+            )
+            .where(partitions.c.step_execution_id.in_(ids))
+        ).all()
+    assert all(r[1] == "CLAIMED" and r[2] == "STARTED" and r[3] == 1 for r in rows), rows
+    owners = {sid: node for node, got in won.items() for sid in got}
+    assert {r[0] for r in rows} == set(owners.values())
+
+
+def test_a_poll_offers_own_partitions_and_those_it_may_steal(dbc_backend: Any) -> None:
+    """A node may claim its own PENDING partitions, at once those of a node silent past the
+    unreachable threshold (or gone), those of a live node once they waited the stealing delay,
+    and never one handed back to its master (no node)."""
+    from dbcluster.cluster.store import CoordinationStore
+
+    engine, provider = dbc_backend.engine, _provider(dbc_backend)
+    _register(engine, provider, "suite-me", "suite-busy", "suite-silent")
+    _, (mine,) = _place(engine, provider, "suite-me", count=1)
+    _, (busy,) = _place(engine, provider, "suite-busy", count=1)
+    _, (silent,) = _place(engine, provider, "suite-silent", count=1)
+    _, (gone,) = _place(engine, provider, "suite-gone", count=1)
+    _, (handed,) = _place(engine, provider, "suite-me", count=1)
+    now = _naive(_now(engine, provider))
+    with engine.begin() as conn:
+        conn.execute(
+            update(nodes)
+            .where(nodes.c.node_id == "suite-silent")
+            .values(last_heartbeat=now - timedelta(seconds=5))
+        )
+        conn.execute(
+            update(partitions)
+            .where(partitions.c.step_execution_id == handed)
+            .values(assigned_node=None)
+        )
+    store = CoordinationStore(engine, provider)
+    ours = {mine, busy, silent, gone, handed}
+
+    def poll(**kwargs: Any) -> set[int]:
+        return set(store.poll("suite-me", 50, **kwargs)) & ours
+
+    assert poll() == {mine}, "without stealing a node sees only its own"
+    assert poll(steal_after_ms=60_000, unreachable_ms=2000) == {mine, silent, gone}
+    with engine.begin() as conn:
+        conn.execute(
+            update(partitions)
+            .where(partitions.c.step_execution_id == busy)
+            .values(last_updated=now - timedelta(seconds=5))
+        )
+    assert poll(steal_after_ms=2000, unreachable_ms=2000) == {mine, busy, silent, gone}
+    # What a poll offers, a claim takes (the handed-back one stays with its master).
+    started_at = datetime.now(UTC).replace(tzinfo=None)
+    claimed = store.claim("suite-me", 0, sorted(ours), started_at)
+    assert {c.partition.step_execution_id for c in claimed} == {mine, busy, silent, gone}
+    assert _partition(engine, handed).assigned_node is None
+
+
+def test_a_node_leaving_fences_what_it_still_has_claimed(dbc_backend: Any) -> None:
+    engine, provider = dbc_backend.engine, _provider(dbc_backend)
+    _register(engine, provider, "suite-leaving")
+    _, (claimed, unclaimed) = _place(engine, provider, "suite-leaving")
+    assert _rowcount(engine, provider.claim_partition(claimed, "suite-leaving", 1)) == 1
+    with engine.begin() as conn:
+        assert conn.execute(provider.touch_node("suite-leaving", 0)).rowcount == 1
+        assert conn.execute(provider.fence_claims_of("suite-leaving")).rowcount == 1
+        assert conn.execute(provider.deregister_node("suite-leaving")).rowcount == 1
+    row = _partition(engine, claimed)
+    assert (row.attempt, row.status) == (2, "CLAIMED"), "a leaving node's claim kept its attempt"
+    assert _partition(engine, unclaimed).attempt == 1
+
+
 def test_reassignment_fences_the_previous_attempt(dbc_backend: Any) -> None:
     engine, provider = dbc_backend.engine, _provider(dbc_backend)
     _register(engine, provider, "suite-old", "suite-new")
     _, (sid, handed) = _place(engine, provider, "suite-old")
     assert _rowcount(engine, provider.claim_partition(sid, "suite-old", 1)) == 1
-    guard = provider.partition_guard(sid, "suite-old", 1)
-
-    def holds() -> bool:
-        with engine.connect() as conn:
-            return bool(conn.execute(select(guard)).scalar())
-
-    assert holds(), "the guard must hold while the claim stands"
-    _rowcount(engine, provider.deregister_node("suite-old"))
-    assert not holds(), "the guard must fail once the node is removed from the registry"
-    _register(engine, provider, "suite-old")
-    assert holds()
+    assert _rowcount(engine, provider.hold_partition(sid, "suite-old", 1)) == 1, (
+        "the fence must hold while the claim stands"
+    )
+    assert _rowcount(engine, provider.hold_partition(sid, "suite-other", 1)) == 0
     assert _rowcount(engine, provider.reassign_partition(sid, "suite-gone", 1, "suite-new")) == 0
     assert _rowcount(engine, provider.reassign_partition(sid, "suite-old", 1, "suite-new")) == 1
     row = _partition(engine, sid)
-    assert (row.assigned_node, row.attempt, row.status) == ("suite-new", 2, "PENDING")
-    assert not holds(), "the old attempt's guard still holds"
+    assert (row.assigned_node, row.attempt, row.status) == ("suite-new", 1, "PENDING")
     for stmt in (
+        provider.hold_partition(sid, "suite-old", 1),
         provider.finish_partition(sid, "suite-old", 1, "COMPLETED"),
         provider.claim_partition(sid, "suite-old", 1),
         provider.release_partition(sid, "suite-old", 1),
         provider.reassign_partition(sid, "suite-old", 1, "suite-other"),
         provider.fail_orphaned_partition(sid, "suite-old", 1),
     ):
-        assert _rowcount(engine, stmt) == 0, f"a late write under attempt 1 changed the row: {stmt}"
-    assert _rowcount(engine, provider.claim_partition(sid, "suite-new", 2)) == 1
+        assert _rowcount(engine, stmt) == 0, (
+            f"a late write of the old holder changed the row: {stmt}"
+        )
+    assert _rowcount(engine, provider.claim_partition(sid, "suite-new", 1)) == 1
     # A partition handed back before it ran: unassigned, next attempt.
+    assert _rowcount(engine, provider.claim_partition(handed, "suite-old", 1)) == 1
     assert _rowcount(engine, provider.release_partition(handed, "suite-old", 1)) == 1
     row = _partition(engine, handed)
     assert (row.assigned_node, row.attempt, row.status) == (None, 2, "PENDING")
     assert _rowcount(engine, provider.reassign_partition(handed, None, 2, "suite-new")) == 1
-    assert _rowcount(engine, provider.fail_orphaned_partition(handed, "suite-new", 3)) == 1
+    assert _rowcount(engine, provider.fail_orphaned_partition(handed, "suite-new", 2)) == 1
     assert _partition(engine, handed).status == "FAILED"
+
+
+def test_a_held_partition_serializes_its_transfer(dbc_backend: Any) -> None:
+    """The fence is a lock, not a read: while a worker's transaction holds its partition, a
+    transfer waits for that COMMIT (then changes the row), and a worker that holds after a
+    transfer committed changes nothing."""
+    engine, provider = dbc_backend.engine, _provider(dbc_backend)
+    _register(engine, provider, "suite-w", "suite-x")
+    _, (sid, _other) = _place(engine, provider, "suite-w")
+    assert _rowcount(engine, provider.claim_partition(sid, "suite-w", 1)) == 1
+    moved: list[int] = []
+    errors: list[BaseException] = []
+
+    def transfer() -> None:
+        try:
+            moved.append(
+                _rowcount(engine, provider.reassign_partition(sid, "suite-w", 1, "suite-x"))
+            )
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    with engine.connect() as worker:
+        with worker.begin():
+            assert worker.execute(provider.hold_partition(sid, "suite-w", 1)).rowcount == 1
+            thread = threading.Thread(target=transfer)
+            thread.start()
+            thread.join(0.5)
+            assert thread.is_alive() and not moved, (
+                "a transfer committed while a worker's transaction held the partition"
+            )
+        # The worker committed; the transfer goes through after it.
+    thread.join(30)
+    assert not errors, errors
+    assert moved == [1]
+    assert _rowcount(engine, provider.hold_partition(sid, "suite-w", 1)) == 0
 
 
 def test_orphans_and_stranded_masters_do_not_need_the_dead_node_row(dbc_backend: Any) -> None:
@@ -366,11 +565,11 @@ def test_concurrent_stranded_master_claims_exactly_one_wins(dbc_backend: Any) ->
         try:
             barrier.wait(5)
             with engine.begin() as conn:
-                stmt = provider.claim_stranded_master(job_id, "suite-lost-master", "STARTED", me)
+                stmt = provider.claim_stranded_master(job_id, "suite-lost-master", 1, "STARTED", me)
                 if conn.execute(stmt).rowcount == 1:
                     won.append(me)
-        except Exception as exc:  # noqa: BLE001
-            if not provider.is_transient(exc):
+        except Exception as exc:  # noqa: BLE001 - a lock conflict counts as a lost race
+            if not _lost_race(provider, exc):
                 errors.append(exc)
 
     threads = [threading.Thread(target=claim, args=(f"suite-s{i}",)) for i in range(contenders)]
@@ -384,7 +583,10 @@ def test_concurrent_stranded_master_claims_exactly_one_wins(dbc_backend: Any) ->
         row = conn.execute(
             select(job_coordination).where(job_coordination.c.job_execution_id == job_id)
         ).one()
-    assert (row.status, row.master_node) == ("RECOVERING", won[0])
+    assert (row.status, row.master_node, row.master_epoch) == ("RECOVERING", won[0], 2)
+    with engine.begin() as conn:
+        held = conn.execute(provider.hold_mastership(job_id, "suite-lost-master", 1)).rowcount
+    assert held == 0, "the lost master's fence still holds after a survivor claimed the job"
 
 
 # --- DDL and init ---------------------------------------------------------------------------------
@@ -413,3 +615,41 @@ def test_ddl_covers_every_table_and_init_is_idempotent(dbc_backend: Any) -> None
     names = set(inspect(engine).get_table_names())
     assert {t.name for t in schema.ALL_TABLES} <= names
     assert provider.create_tables(engine) == []
+
+
+# --- transient errors -----------------------------------------------------------------------------
+
+
+def test_transient_classifier_calls_permanent_errors_permanent(dbc_backend: Any) -> None:
+    """``is_transient`` decides what the cluster repeats and what this suite takes for a lost
+    race; an error that repeating cannot cure must not be called transient, or the cluster
+    retries it forever and a broken statement passes here as a lost race."""
+    engine, provider = dbc_backend.engine, _provider(dbc_backend)
+    _register(engine, provider, "suite-dup")
+    permanent: list[BaseException] = [RuntimeError("not a database error")]
+    with pytest.raises(DBAPIError) as duplicate:
+        with engine.begin() as conn:
+            conn.execute(
+                insert(nodes).values(
+                    node_id="suite-dup",
+                    host="suite-host",
+                    status=NODE_ACTIVE,
+                    created_time=provider.now(),
+                    last_heartbeat=provider.now(),
+                    current_load=0,
+                    capacity=0,
+                )
+            )
+    permanent.append(duplicate.value)
+    with pytest.raises(DBAPIError) as absent:
+        with engine.connect() as conn:
+            conn.execute(select(table_clause("dbc_suite_no_such_table", column("x"))))
+    permanent.append(absent.value)
+    called_transient = [
+        f"{type(e).__name__}: {str(e).strip().splitlines()[0]}"
+        for e in permanent
+        if provider.is_transient(e)
+    ]
+    assert not called_transient, (
+        f"is_transient calls permanent errors transient: {called_transient}"
+    )

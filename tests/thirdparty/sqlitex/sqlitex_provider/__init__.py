@@ -3,6 +3,8 @@
 A new database's provider subclasses :class:`dbcluster.dialects.QueryProvider` (or, as here, the
 closest built-in one), overrides only what its database expresses differently, declares its
 capabilities, and registers under its name in the ``dbcluster.dialects`` entry-point group.
+This one is only a second URL scheme for SQLite; ``tests/thirdparty/filedb`` is the example to
+copy for a database of its own (docs/PROVIDERS.md).
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ class SQLiteXDialect(SQLiteDialect_pysqlite):
 
 class SQLiteXProvider(SQLiteProvider):
     name = "sqlitex"
-    #: Served by URL scheme only; plain ``sqlite://`` stays with the built-in provider.
+    #: Served by URL scheme only (its dialect keeps the name ``sqlite``, which stays with the
+    #: built-in provider); engines dbcluster makes for ``sqlitex://`` are bound to this one.
     sqlalchemy_names: ClassVar[tuple[str, ...]] = ()
     example_url = "sqlitex://"
     # Capabilities (the conformance suite skips what a provider declares it cannot do).

@@ -1,0 +1,190 @@
+"""Step and job transactions that ride out transient database errors.
+
+A deadlock, a serialization failure, a lock wait timeout or a dropped connection inside a chunk,
+a tasklet call, a step's start or final write, or a job write is repeated (bounded) instead of
+failing the step. The rule for a commit whose outcome is unclear (the connection broke while
+``COMMIT`` was on the wire) is the coordination store's: it is verified from the row it wrote,
+never trusted and never repeated blindly. A transaction that did not get as far as ``COMMIT`` is
+rolled back by the server, so repeating it from the same in-memory state is safe.
+
+Which errors are transient is the caller's to say (the cluster asks its query provider); the
+default only trusts SQLAlchemy's own verdict that the connection was invalidated.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from sqlalchemy import Connection, Engine
+from sqlalchemy.exc import DBAPIError
+
+from dbcluster.batch.exceptions import OptimisticLockingFailureError
+from dbcluster.testing import points
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def connection_invalidated(error: BaseException) -> bool:
+    """SQLAlchemy's own judgement: the connection was lost (a disconnect)."""
+    return isinstance(error, DBAPIError) and bool(error.connection_invalidated)
+
+
+def _never() -> bool:
+    return False
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Which errors a transaction repeats, how often and for how long.
+
+    ``give_up`` is asked before each repetition (a cluster node answers "I am fenced": its
+    writes would be refused anyway, and its partitions belong to their masters now).
+    """
+
+    is_transient: Callable[[BaseException], bool] = connection_invalidated
+    attempts: int = 5
+    deadline_s: float = 10.0
+    backoff_s: float = 0.05
+    max_backoff_s: float = 1.0
+    give_up: Callable[[], bool] = field(default=_never)
+
+
+class UnclearCommitError(RuntimeError):
+    """A ``COMMIT`` failed on the wire and its outcome could not be read back in time."""
+
+
+class Transactions:
+    """Runs a transaction body, repeating it on transient errors under a :class:`RetryPolicy`."""
+
+    def __init__(self, engine: Engine, policy: RetryPolicy | None = None) -> None:
+        self.engine = engine
+        self.policy = policy or RetryPolicy()
+
+    def run(
+        self,
+        body: Callable[[Connection], T],
+        *,
+        verify: Callable[[Connection], bool] | None = None,
+        point: str | Callable[[], Sequence[str]] | None = None,
+        what: str = "transaction",
+        **details: object,
+    ) -> T:
+        """Run ``body(conn)`` in a transaction and commit it.
+
+        ``body`` must be repeatable: it is called again, in a new transaction, after a transient
+        error, so it restores any in-memory state it changes before changing it. ``verify(conn)``
+        says from the database whether a commit whose acknowledgement was lost took effect; a
+        body without it is not repeated after an unclear commit. ``point`` names the fault point
+        reached just before ``COMMIT`` (with ``conn`` and ``details``), or a callable naming
+        those reached in order (asked after ``body``).
+        """
+        policy = self.policy
+        # The deadline runs from the first transient error, not from the start: time the body
+        # spent before it (a long step, or a process stopped mid-transaction whose connection
+        # the server then closed) must not leave it no repetition at all.
+        deadline: float | None = None
+        delay = policy.backoff_s
+        attempt = 0
+        while True:
+            attempt += 1
+            committing = False
+            try:
+                with self.engine.connect() as conn:
+                    transaction = conn.begin()
+                    try:
+                        result = body(conn)
+                        if isinstance(point, str):
+                            points.reach(point, conn=conn, **details)
+                        elif point is not None:
+                            for name in point():
+                                points.reach(name, conn=conn, **details)
+                        points.reach("transaction.before_commit", conn=conn, **details)
+                        committing = True
+                        transaction.commit()
+                    finally:
+                        if transaction.is_active:
+                            transaction.rollback()
+                return result
+            except OptimisticLockingFailureError:
+                raise
+            except Exception as error:
+                if not policy.is_transient(error):
+                    raise
+                if deadline is None:
+                    deadline = time.monotonic() + policy.deadline_s
+                if committing:
+                    if verify is None:
+                        raise UnclearCommitError(
+                            f"{what}: the commit's outcome is unknown ({error})"
+                        ) from error
+                    if self._committed(verify, deadline, what, error):
+                        return result
+                if attempt >= policy.attempts or time.monotonic() >= deadline or policy.give_up():
+                    raise
+                log.info("transient error in %s (attempt %d): %s", what, attempt, error)
+                time.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, policy.max_backoff_s)
+
+    def read(self, work: Callable[[], T], what: str = "read") -> T:
+        """Run a read (it commits nothing, so repeating it is always safe), repeating it on
+        transient errors under the policy."""
+        policy = self.policy
+        deadline: float | None = None  # from the first transient error, as in run()
+        delay = policy.backoff_s
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return work()
+            except Exception as error:
+                if deadline is None:
+                    deadline = time.monotonic() + policy.deadline_s
+                if (
+                    not policy.is_transient(error)
+                    or attempt >= policy.attempts
+                    or time.monotonic() >= deadline
+                    or policy.give_up()
+                ):
+                    raise
+                log.info("transient error in %s (attempt %d): %s", what, attempt, error)
+                time.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, policy.max_backoff_s)
+
+    def _committed(
+        self,
+        verify: Callable[[Connection], bool],
+        deadline: float,
+        what: str,
+        error: BaseException,
+    ) -> bool:
+        """Read back whether an unclear commit took effect, while the database answers."""
+        delay = self.policy.backoff_s
+        while True:
+            try:
+                with self.engine.connect() as conn:
+                    landed = verify(conn)
+                log.warning(
+                    "%s: the commit's acknowledgement was lost; it %s",
+                    what,
+                    "took effect" if landed else "did not take effect",
+                )
+                return landed
+            except OptimisticLockingFailureError:
+                raise
+            except Exception as again:
+                if (
+                    not self.policy.is_transient(again)
+                    or time.monotonic() >= deadline
+                    or self.policy.give_up()
+                ):
+                    raise UnclearCommitError(
+                        f"{what}: the commit's outcome is unknown ({error})"
+                    ) from error
+                time.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, self.policy.max_backoff_s)

@@ -1,0 +1,380 @@
+"""The executor of a node's claimed partitions: each runs on a thread of its own under its fence.
+
+The worker step runs with a :class:`~dbcluster.cluster.fencing.PartitionFence`: every one of its
+transactions holds the partition row until ``COMMIT``, and its final transaction records the
+partition's outcome with the step's. A partition whose fence is refused stops (it was taken
+away: nothing of it commits any more); one whose outcome cannot be recorded is failed under its
+fence once the database answers.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from dbcluster.batch.domain import JobExecution, StepExecution, utcnow
+from dbcluster.batch.fence import FencedError
+from dbcluster.batch.local import LocalPartitionHandler
+from dbcluster.batch.runtime import BatchRuntime
+from dbcluster.batch.status import BatchStatus, ExitStatus
+from dbcluster.batch.step import commit_step
+from dbcluster.batch.transactions import UnclearCommitError
+from dbcluster.cluster.fencing import RELEASED, RETRIED, PartitionFence
+from dbcluster.cluster.identity import Identity
+from dbcluster.cluster.store import ClaimedPartition, PendingPartition
+from dbcluster.dialects.base import PARTITION_COMPLETED
+
+if TYPE_CHECKING:
+    from dbcluster.cluster.node import Node
+
+log = logging.getLogger("dbcluster.node")
+
+CLAIMED, RUNNING, RELEASING, DONE = "claimed", "running", "releasing", "done"
+
+#: The id of the node running the current partition (for logs and ledgers in user code).
+current_node_id: ContextVar[str | None] = ContextVar("dbcluster_current_node_id", default=None)
+#: The attempt (fencing token) of the partition being run.
+current_attempt: ContextVar[int | None] = ContextVar("dbcluster_current_attempt", default=None)
+
+#: Job executions kept per node (their parameters and context, read once and shared).
+_JOB_CACHE = 64
+
+
+@dataclass
+class Task:
+    partition: PendingPartition
+    identity: Identity
+    state: str = CLAIMED
+    step_execution: StepExecution | None = None
+    #: The step execution as the claim left it (STARTED), when it could be built from the row.
+    preloaded: StepExecution | None = None
+    claimed_at: float = field(default_factory=time.monotonic)
+
+
+class Executor:
+    """Runs claimed partitions on ``capacity`` threads; ``on_free`` is called each time one of
+    them ends (the poller may claim more)."""
+
+    def __init__(self, node: Node, on_free: Callable[[], None]) -> None:
+        self.node = node
+        self.store = node.store
+        self.repository = node.repository
+        self.runtime = BatchRuntime(self.repository, LocalPartitionHandler(), node.registry)
+        self.capacity = node.capacity
+        self.on_free = on_free
+        self._lock = threading.RLock()
+        self._tasks: dict[int, Task] = {}
+        self._jobs: dict[int, JobExecution] = {}
+        self._pool = ThreadPoolExecutor(self.capacity, thread_name_prefix="dbcluster-part")
+
+    @property
+    def load(self) -> int:
+        with self._lock:
+            return sum(1 for t in self._tasks.values() if t.state in (CLAIMED, RUNNING))
+
+    def holds(self, step_execution_id: int) -> bool:
+        with self._lock:
+            return step_execution_id in self._tasks
+
+    def submit(self, identity: Identity, claimed: list[ClaimedPartition]) -> None:
+        """Run partitions a claim won (their step executions are already STARTED)."""
+        tasks = []
+        for won in claimed:
+            task = Task(won.partition, identity)
+            task.preloaded = self._step_execution(won)
+            with self._lock:
+                self._tasks[won.partition.step_execution_id] = task
+            tasks.append(task)
+        for task in tasks:
+            self._pool.submit(self._run, task)
+
+    def _job_execution(self, job_execution_id: int) -> JobExecution | None:
+        """Job executions are read once per node and shared by their partitions (a worker step
+        reads its parameters and job context, which do not change while it runs)."""
+        with self._lock:
+            cached = self._jobs.get(job_execution_id)
+        if cached is not None:
+            return cached
+        loaded = self.repository.get_job_execution(job_execution_id)
+        if loaded is not None:
+            with self._lock:
+                if len(self._jobs) >= _JOB_CACHE:
+                    self._jobs.pop(next(iter(self._jobs)))
+                self._jobs[job_execution_id] = loaded
+        return loaded
+
+    def _step_execution(self, won: ClaimedPartition) -> StepExecution | None:
+        try:
+            job_execution = self._job_execution(won.partition.job_execution_id)
+            if job_execution is None:
+                return None
+            se = self.repository.step_execution_from_row(won.row, job_execution)
+        except Exception as exc:  # noqa: BLE001 - the task loads its own instead
+            log.warning(
+                "could not build step execution %s: %s", won.partition.step_execution_id, exc
+            )
+            return None
+        se.start_recorded = True
+        return se
+
+    # --- running a partition --------------------------------------------------------------------
+
+    def _begin(self, task: Task) -> bool:
+        with self._lock:
+            if task.state != CLAIMED or task.identity.fenced.is_set() or self.node.stopping:
+                return False
+            task.state = RUNNING
+            return True
+
+    def _run(self, task: Task) -> None:
+        p, identity = task.partition, task.identity
+        try:
+            if not self._begin(task):
+                if task.state == CLAIMED and self.node.stopping:
+                    self._release(task)
+                return
+            self._execute(task)
+        except Exception:  # noqa: BLE001 - recorded FAILED once the database answers
+            log.exception("node %s failed to run partition %s", identity.node_id, p.partition_name)
+            self._fail_after_error(task)
+        finally:
+            self._forget(task)
+            self.on_free()
+
+    def _fence_for(self, task: Task) -> PartitionFence:
+        p = task.partition
+        return PartitionFence(
+            self.store,
+            p.step_execution_id,
+            task.identity.node_id,
+            p.attempt,
+            transferable=p.transferable,
+            fenced=task.identity.fenced,
+            stopping=lambda: self.node.stopping,
+            max_attempts=p.max_attempts,
+            retryable=lambda se: self._retryable(p.worker_step_name, se),
+        )
+
+    def _retryable(self, worker_step_name: str, se: StepExecution) -> bool:
+        """Whether a failed try is worth another: its partitioned step declares the failure
+        retryable, or the failure is a transient database error."""
+        assert self.node.registry is not None
+        step = self.node.registry.partition_step_of(worker_step_name)
+        provider = self.store.provider
+        return any(
+            (step is not None and step.retryable(error))
+            or provider.is_transient(error)
+            or isinstance(error, UnclearCommitError)
+            for error in se.failure_exceptions
+        )
+
+    def _execute(self, task: Task) -> None:
+        p, identity = task.partition, task.identity
+        se = task.preloaded or self.repository.get_step_execution(p.step_execution_id)
+        if se is None:
+            log.error("partition %s has no step execution", p.step_execution_id)
+            return
+        fence = self._fence_for(task)
+        se.fence = fence
+        with self._lock:
+            task.step_execution = se
+            if identity.fenced.is_set():
+                return
+        # Its job's stop request reaches it through the node's periodic check (no read of its
+        # own per chunk).
+        stop_requests = self.node.stop_requests
+        stop_requests.watch(se.job_execution)
+        try:
+            self._run_step(task, se, fence)
+        finally:
+            stop_requests.unwatch(se.job_execution)
+
+    def _run_step(self, task: Task, se: StepExecution, fence: PartitionFence) -> None:
+        p, identity = task.partition, task.identity
+        assert self.node.registry is not None
+        try:
+            step = self.node.registry.get_step(p.worker_step_name)
+        except Exception as exc:  # noqa: BLE001 - recorded on the step execution
+            self._end_without_running(
+                task, se, f"node {identity.node_id} has no step {p.worker_step_name!r}: {exc}"
+            )
+            return
+        current_node_id.set(identity.node_id)
+        current_attempt.set(p.attempt)
+        try:
+            step.execute(se, self.runtime)
+        except FencedError as exc:
+            self._lost(task, str(exc))
+            return
+        self._recorded(task, fence.outcome)
+
+    def _end_without_running(self, task: Task, se: StepExecution, message: str) -> None:
+        se.status = BatchStatus.FAILED
+        se.exit_status = ExitStatus.FAILED.with_description(message)  # type: ignore[attr-defined]
+        se.end_time = utcnow()
+        try:
+            commit_step(se, self.runtime, final=True)
+        except FencedError as exc:
+            self._lost(task, str(exc))
+            return
+        assert isinstance(se.fence, PartitionFence)
+        self._recorded(task, se.fence.outcome)
+
+    def _recorded(self, task: Task, outcome: str | None) -> None:
+        p, node_id = task.partition, task.identity.node_id
+        events = self.node.events
+        if outcome == RELEASED:
+            log.info("node %s handed back stopped partition %s", node_id, p.partition_name)
+            events.released(node_id, p.partition_name, p.step_execution_id)
+        elif outcome == RETRIED:
+            log.warning(
+                "node %s: partition %s (%s) failed on attempt %d of %d; it will be tried again",
+                node_id,
+                p.partition_name,
+                p.step_execution_id,
+                p.attempt,
+                p.max_attempts,
+            )
+            events.retried(node_id, p.partition_name, p.step_execution_id, p.attempt)
+        elif outcome == PARTITION_COMPLETED:
+            log.info(
+                "node %s completed partition %s (%s)",
+                node_id,
+                p.partition_name,
+                p.step_execution_id,
+            )
+            events.completed(node_id, p.partition_name, p.step_execution_id)
+        else:
+            log.info(
+                "node %s failed partition %s (%s)", node_id, p.partition_name, p.step_execution_id
+            )
+            events.failed(node_id, p.partition_name, p.step_execution_id)
+
+    def _lost(self, task: Task, reason: str) -> None:
+        p = task.partition
+        log.warning(
+            "node %s lost partition %s (%s) while running it: %s",
+            task.identity.node_id,
+            p.partition_name,
+            p.step_execution_id,
+            reason,
+        )
+        self.node.events.lost(task.identity.node_id, p.partition_name, p.step_execution_id, reason)
+
+    def _fail_after_error(self, task: Task) -> None:
+        """The step could not record its outcome (its final transaction failed beyond the retry
+        budget, or its commit's outcome stayed unknown). A partition left CLAIMED on a live node
+        is never looked at again (masters recover partitions of nodes that are gone), so record
+        FAILED under the fence once the database answers, unless the step's own final commit
+        landed after all. A fenced or leaving node leaves it to the master."""
+        p, identity = task.partition, task.identity
+        while not identity.fenced.is_set() and not self.node.stopping:
+            try:
+                se = self.repository.get_step_execution(p.step_execution_id)
+                if se is None:
+                    return
+                if not se.status.is_running:
+                    # Its final transaction committed after all (with the partition's outcome),
+                    # or its master failed it (after taking the partition away).
+                    return
+                se.fence = self._fence_for(task)
+                self._end_without_running(
+                    task,
+                    se,
+                    f"node {identity.node_id} could not record the outcome of partition "
+                    f"{p.partition_name}",
+                )
+                return
+            except FencedError:
+                return  # no longer ours: its master decides
+            except Exception as exc:  # noqa: BLE001 - try again when the database answers
+                log.warning("cannot record partition %s yet: %s", p.step_execution_id, exc)
+                time.sleep(self.node.settings.heartbeat_interval / 1000)
+
+    # --- handing back ---------------------------------------------------------------------------
+
+    def _release(self, task: Task) -> None:
+        p = task.partition
+        with self._lock:
+            task.state = RELEASING
+        if task.identity.fenced.is_set():
+            return
+        try:
+            if self.store.release(p.step_execution_id, task.identity.node_id, p.attempt):
+                log.info(
+                    "node %s handed back partition %s (%s)",
+                    task.identity.node_id,
+                    p.partition_name,
+                    p.step_execution_id,
+                )
+                self.node.events.released(
+                    task.identity.node_id, p.partition_name, p.step_execution_id
+                )
+        except Exception as exc:  # noqa: BLE001 - the master recovers it once we are removed
+            log.warning("could not hand back partition %s: %s", p.step_execution_id, exc)
+
+    def _forget(self, task: Task) -> None:
+        with self._lock:
+            task.state = DONE
+            self._tasks.pop(task.partition.step_execution_id, None)
+
+    def on_fenced(self, identity: Identity) -> None:
+        """The node fenced ``identity``: partitions claimed under it stop at their next boundary
+        (their fences already refuse every write)."""
+        with self._lock:
+            for task in self._tasks.values():
+                if task.identity is identity and task.step_execution is not None:
+                    task.step_execution.terminate_only = True
+
+    def drain(self, deadline: float) -> None:
+        """A graceful stop: hand back what has not started, let running partitions finish (or
+        stop them at the deadline), then shut the thread pool down."""
+        identity = self.node._identity
+        if identity is not None and not identity.fenced.is_set():
+            try:
+                handed = self.store.release_pending(identity.node_id)
+                if handed:
+                    log.info(
+                        "node %s handed back %d unclaimed partition(s)", identity.node_id, handed
+                    )
+                    self.node.events.released(identity.node_id, None, None)
+            except Exception as exc:  # noqa: BLE001 - they move once we leave the registry
+                log.warning("could not hand back unclaimed partitions: %s", exc)
+        with self._lock:
+            unstarted = [t for t in self._tasks.values() if t.state == CLAIMED]
+        for task in unstarted:
+            if self._claim_back(task):
+                self._release(task)
+                self._forget(task)
+        self._wait_running(deadline)
+        running = self._running()
+        if running:
+            log.warning("drain timeout: stopping %d running partition(s)", len(running))
+            with self._lock:
+                for task in running:
+                    if task.step_execution is not None:
+                        task.step_execution.terminate_only = True
+            self._wait_running(time.monotonic() + max(1.0, self.node.settings.drain_timeout / 1000))
+        self._pool.shutdown(wait=False)
+
+    def _claim_back(self, task: Task) -> bool:
+        """Take a queued task away from the executor (it has not begun); True if taken."""
+        with self._lock:
+            if task.state != CLAIMED:
+                return False
+            task.state = RELEASING
+            return True
+
+    def _running(self) -> list[Task]:
+        with self._lock:
+            return [t for t in self._tasks.values() if t.state == RUNNING]
+
+    def _wait_running(self, deadline: float) -> None:
+        while self._running() and time.monotonic() < deadline:
+            time.sleep(0.02)

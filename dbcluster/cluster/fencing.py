@@ -1,0 +1,110 @@
+"""The fence of a partition run by a worker: its partition row, held at commit time.
+
+Every transaction of a running partition (its step's start write, each chunk or tasklet call, and
+its final write) holds the partition row with a guarded ``UPDATE`` on (id, node, attempt,
+CLAIMED) that must change exactly one row; the final transaction records the partition's outcome
+with the same guard instead. Every transition that takes a partition away from its node
+(reassignment, failing it, abandoning its job, removing its node, a timeout) updates that same
+row, so it either waits for the worker's ``COMMIT`` or is seen by it, and then the worker's whole
+transaction rolls back.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Connection
+
+from dbcluster.batch.domain import StepExecution
+from dbcluster.batch.fence import FencedError
+from dbcluster.batch.status import BatchStatus
+from dbcluster.dialects.base import PARTITION_COMPLETED, PARTITION_FAILED
+
+if TYPE_CHECKING:
+    from dbcluster.cluster.store import CoordinationStore
+
+#: The outcome of a transferable partition stopped by a graceful shutdown: handed back.
+RELEASED = "RELEASED"
+#: The outcome of a failed try of a transferable partition that gets another: back to PENDING.
+RETRIED = "RETRIED"
+
+
+class PartitionFence:
+    """Holds ``(step_execution_id, node_id, attempt)`` of one claimed partition.
+
+    ``fenced`` is the node identity's fenced flag: once set, nothing more is even attempted.
+    ``stopping`` says whether the node is leaving (a STOPPED transferable partition is then
+    handed back rather than failed). A FAILED transferable partition with tries left
+    (``attempt < max_attempts``) whose failure ``retryable`` accepts is put back for another
+    try instead of failed.
+    """
+
+    def __init__(
+        self,
+        store: CoordinationStore,
+        step_execution_id: int,
+        node_id: str,
+        attempt: int,
+        *,
+        transferable: bool,
+        fenced: threading.Event,
+        stopping: Callable[[], bool],
+        max_attempts: int = 1,
+        retryable: Callable[[StepExecution], bool] = lambda _: False,
+    ) -> None:
+        self.store = store
+        self.step_execution_id = step_execution_id
+        self.node_id = node_id
+        self.attempt = attempt
+        self.transferable = transferable
+        self.fenced = fenced
+        self.stopping = stopping
+        self.max_attempts = max_attempts
+        self.retryable = retryable
+        #: The partition status the final transaction recorded (last try).
+        self.outcome: str | None = None
+
+    def _refuse(self, why: str) -> FencedError:
+        return FencedError(
+            f"partition {self.step_execution_id} is no longer held by {self.node_id} under "
+            f"attempt {self.attempt}: {why}; this transaction was rolled back"
+        )
+
+    def hold(self, conn: Connection) -> None:
+        if self.fenced.is_set():
+            raise self._refuse(f"node {self.node_id} is fenced")
+        if self.store.hold_partition(conn, self.step_execution_id, self.node_id, self.attempt) != 1:
+            raise self._refuse("it moved")
+
+    def finish(self, conn: Connection, execution: Any) -> None:
+        if self.fenced.is_set():
+            raise self._refuse(f"node {self.node_id} is fenced")
+        assert isinstance(execution, StepExecution)
+        outcome = self.outcome_of(execution)
+        changed = self.store.end_partition(
+            conn, outcome, self.step_execution_id, self.node_id, self.attempt
+        )
+        if changed != 1:
+            raise self._refuse("it moved")
+        self.outcome = outcome
+
+    def outcome_of(self, execution: StepExecution) -> str:
+        if execution.status is BatchStatus.COMPLETED:
+            return PARTITION_COMPLETED
+        if (
+            execution.status is BatchStatus.STOPPED
+            and self.stopping()
+            and self.transferable
+            and not execution.job_execution.stop_requested  # its job is stopping: it ends
+        ):
+            return RELEASED
+        if (
+            execution.status is BatchStatus.FAILED
+            and self.transferable
+            and self.attempt < self.max_attempts
+            and self.retryable(execution)
+        ):
+            return RETRIED
+        return PARTITION_FAILED

@@ -1,0 +1,241 @@
+"""``dbcluster submit`` and ``dbcluster schedules``: launch requests and recurring jobs from the
+command line (registered by ``dbcluster.cli``)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from datetime import datetime
+from typing import Any
+
+import click
+from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError
+
+from dbcluster.errors import DatabaseUnreachableError
+
+URL_HELP = "SQLAlchemy database URL (or set DBCLUSTER_URL)."
+APP_HELP = "The application: module:attribute of a JobRegistry (or set DBCLUSTER_APP)."
+
+#: Request statuses after which ``submit --wait`` follows the execution.
+_ENDED = ("LAUNCHED", "FAILED")
+
+
+def open_checked_engine(url: str) -> Engine:
+    """An engine for a user-given URL: a bad host or missing tables fail here, in one line."""
+    from dbcluster.dialects import make_engine, safe_url
+    from dbcluster.monitor import require_schema
+
+    engine = make_engine(url)
+    try:
+        require_schema(engine)
+    except DBAPIError as exc:
+        engine.dispose()
+        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+        raise DatabaseUnreachableError(f"cannot connect to {safe_url(url)}: {reason}") from exc
+    except BaseException:
+        engine.dispose()
+        raise
+    return engine
+
+
+def _json(value: Any) -> None:
+    click.echo(json.dumps(value, default=str, indent=2))
+
+
+@click.command(context_settings={"ignore_unknown_options": True})
+@click.option("--url", envvar="DBCLUSTER_URL", required=True, help=URL_HELP)
+@click.option("--app", envvar="DBCLUSTER_APP", help=APP_HELP + " Checks JOB and PARAMS.")
+@click.argument("job")
+@click.argument("params", nargs=-1, type=click.UNPROCESSED)
+@click.option(
+    "--next",
+    "next_run",
+    is_flag=True,
+    help="Run the job's next run: the accepting node applies the job's incrementer to its last "
+    "run's parameters (PARAMS on top), as launch --next does.",
+)
+@click.option("--wait", is_flag=True, help="Wait for the job to end; exit 0 when it COMPLETED.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0),
+    help="With --wait: give up after this many seconds (exit 3).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def submit(
+    url: str,
+    app: str | None,
+    job: str,
+    params: tuple[str, ...],
+    next_run: bool,
+    wait: bool,
+    timeout: float | None,
+    as_json: bool,
+) -> None:
+    """Ask the cluster to run JOB: write a launch request that a node started with
+    `dbcluster worker --accept-launches` claims and runs as the job's master. Prints the
+    request's id.
+
+    PARAMS look like launch's: run.date(date)=2026-11-30 or -attempt(int)=2. With --app the job
+    and its parameters are checked here; without it, by the accepting node (a bad request then
+    ends FAILED with the reason: see `dbcluster submit --wait` or the request row).
+    """
+    from dbcluster.batch import JobParameters, load_registry
+    from dbcluster.cluster.launches import LaunchStore
+    from dbcluster.cluster.store import CoordinationStore
+
+    parameters = JobParameters.parse(params)
+    if app:
+        job_def = load_registry(app).get_job(job)
+        if not next_run:
+            job_def.validate_parameters(parameters)
+        elif job_def.incrementer is None:
+            raise click.UsageError(
+                f"job {job!r} has no incrementer, so it has no next run; submit it without "
+                f"--next, or give it Job(..., incrementer=RunIdIncrementer())"
+            )
+    engine = open_checked_engine(url)
+    try:
+        launches = LaunchStore(CoordinationStore(engine))
+        request_id = launches.submit(job, parameters, next_run=next_run)
+        if not wait:
+            if as_json:
+                _json({"request_id": request_id})
+            else:
+                click.echo(request_id)
+            return
+        click.echo(f"launch request {request_id} submitted; waiting", err=True)
+        sys.exit(_wait(launches, engine, request_id, timeout, as_json))
+    finally:
+        engine.dispose()
+
+
+def _wait(launches: Any, engine: Any, request_id: int, timeout: float | None, as_json: bool) -> int:
+    from dbcluster.batch import JobRepository
+
+    deadline = None if timeout is None else time.monotonic() + timeout
+    repository = JobRepository(engine)
+    while True:
+        row = launches.request(request_id)
+        if row is not None and row.status == "FAILED":
+            if as_json:
+                _json({"request_id": request_id, "status": "FAILED", "error": row.error_message})
+            else:
+                click.echo(f"launch request {request_id} FAILED: {row.error_message}", err=True)
+            return 1
+        if row is not None and row.status == "LAUNCHED":
+            execution = repository.get_job_execution(int(row.job_execution_id))
+            if execution is not None and not execution.status.is_running:
+                status = execution.status.value
+                if as_json:
+                    _json(
+                        {
+                            "request_id": request_id,
+                            "job_execution_id": execution.id,
+                            "status": status,
+                            "exit_code": execution.exit_status.code,
+                        }
+                    )
+                else:
+                    click.echo(f"job execution {execution.id} ended {status}")
+                return 0 if status == "COMPLETED" else 1
+        if deadline is not None and time.monotonic() >= deadline:
+            click.echo(f"launch request {request_id}: still running after {timeout} s", err=True)
+            return 3
+        time.sleep(0.5)
+
+
+@click.command()
+@click.option("--app", envvar="DBCLUSTER_APP", help=APP_HELP)
+@click.option(
+    "--url",
+    envvar="DBCLUSTER_URL",
+    help=URL_HELP + " Adds each schedule's last fire (and uses the database clock).",
+)
+@click.option(
+    "--cron",
+    "expression",
+    help="Check a cron expression instead: print its next fire times (see --count).",
+)
+@click.option("--timezone", default="UTC", show_default=True, help="With --cron: its time zone.")
+@click.option("--count", type=click.IntRange(min=1, max=1000), default=5, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def schedules(
+    app: str | None,
+    url: str | None,
+    expression: str | None,
+    timezone: str,
+    count: int,
+    as_json: bool,
+) -> None:
+    """List the schedules of an app's registry: job, cron, time zone, misfire policy, next fire
+    and (with --url) last fire. Times are UTC. With --cron, check an expression instead."""
+    from dbcluster.batch.cron import Cron, zone
+
+    now = datetime.utcnow().replace(microsecond=0)  # noqa: DTZ003 - naive UTC, like the database
+    if expression is not None:
+        cron, tz = Cron.parse(expression), zone(timezone)
+        ticks, at = [], now
+        for _ in range(count):
+            at = cron.next_after(at, tz)
+            ticks.append(at)
+        if as_json:
+            _json({"cron": expression, "timezone": timezone, "next": ticks})
+        else:
+            for tick in ticks:
+                click.echo(f"{tick.isoformat()}Z")
+        return
+    if not app:
+        raise click.UsageError("give --app (the registry whose schedules to list) or --cron")
+    from dbcluster.batch import load_registry
+
+    registry = load_registry(app)
+    last: dict[str, datetime] = {}
+    if url:
+        from dbcluster.cluster.launches import LaunchStore
+        from dbcluster.cluster.store import CoordinationStore
+
+        engine = open_checked_engine(url)
+        try:
+            launches = LaunchStore(CoordinationStore(engine))
+            now, last = (
+                launches.db_now(),
+                launches.last_fires([s.name for s in registry.schedules()]),
+            )
+        finally:
+            engine.dispose()
+    rows = [
+        {
+            "name": s.name,
+            "job": s.job,
+            "cron": s.cron,
+            "timezone": s.timezone,
+            "misfire": s.misfire,
+            "next_fire": s.next_after(now),
+            "last_fire": last.get(s.name),
+        }
+        for s in registry.schedules()
+    ]
+    if as_json:
+        _json(rows)
+        return
+    if not rows:
+        click.echo("no schedules registered")
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("name", "job", "cron", "timezone", "misfire", "next fire (UTC)", "last fire")
+    for r in rows:
+        last_fire = r["last_fire"].isoformat() if r["last_fire"] else ("-" if url else "(no --url)")
+        table.add_row(
+            r["name"],
+            r["job"],
+            r["cron"],
+            r["timezone"],
+            r["misfire"],
+            r["next_fire"].isoformat(),
+            last_fire,
+        )
+    Console(width=None if sys.stdout.isatty() else 200).print(table)

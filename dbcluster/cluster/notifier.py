@@ -1,0 +1,75 @@
+"""Push wake-ups: a node listens for the notification a placement sends it and polls at once.
+
+Where the database has LISTEN/NOTIFY (PostgreSQL), the transaction that places partitions on a
+node (a launch's placement, a master's move of an orphan) notifies that node's channel; the
+notification is delivered when it commits. Each node keeps one listening connection and wakes
+its poller on every notification. Polling stays the fallback: a notification lost with a
+dropped connection costs at most one poll interval, and the listener reconnects (after a pause
+of one heartbeat interval) while the node polls on.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from sqlalchemy import Engine
+
+from dbcluster.cluster.service import Service
+from dbcluster.dialects import get_provider
+from dbcluster.dialects.base import Listener
+
+if TYPE_CHECKING:
+    from dbcluster.cluster.node import Node
+
+log = logging.getLogger("dbcluster.node")
+
+#: How long one wait for a notification lasts (a stop is noticed within it).
+WAIT_S = 0.5
+
+
+class Notifier(Service):
+    """Listens on the node's wake-up channel (under its current identity) and wakes its worker."""
+
+    name = "listen"
+
+    def __init__(self, node: Node, engine: Engine) -> None:
+        super().__init__(0)
+        self.node = node
+        self.engine = engine
+        self.provider = get_provider(engine)
+        self._listener: Listener | None = None
+        self._channel: str | None = None
+
+    def run_once(self) -> None:
+        identity = self.node.acting()
+        if identity is None:
+            self._close()
+            self._stop.wait(WAIT_S)
+            return
+        channel = self.provider.wake_channel(identity.node_id)
+        try:
+            if self._listener is None or channel != self._channel:
+                self._close()
+                self._listener = self.provider.open_listener(self.engine, channel)
+                self._channel = channel
+                # Work placed before the listener was up is found by this poll.
+                self.node.wake()
+            if self._listener.wait(WAIT_S):
+                self.node.wake()
+        except Exception as exc:  # noqa: BLE001 - the node polls meanwhile
+            log.warning("node %s lost its wake-up listener: %s", identity.node_id, exc)
+            self._close()
+            self._stop.wait(self.node.settings.heartbeat_interval / 1000)
+
+    def _close(self) -> None:
+        listener, self._listener, self._channel = self._listener, None, None
+        if listener is not None:
+            try:
+                listener.close()
+            except Exception as exc:  # noqa: BLE001 - it is being dropped anyway
+                log.debug("closing a wake-up listener failed: %s", exc)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        super().stop(timeout)
+        self._close()

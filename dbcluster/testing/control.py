@@ -1,0 +1,274 @@
+"""In-process test controls for a node: freeze it as a stopped process would be, and record its
+events. Not public API."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+from sqlalchemy import Engine, event
+
+from dbcluster.cluster.events import _EVENT_NAMES, ClusterEvents
+from dbcluster.cluster.node import Node
+from dbcluster.testing import points
+
+#: Points where a frozen node's own threads park (outside any transaction).
+_PARK_AT = ("app.checkpoint", "master.monitor")
+
+
+class Frozen:
+    """A frozen node: its services wait at their next turn, its partitions at the test app's
+    checkpoint and its masters at their next monitoring turn, until :meth:`thaw`."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self._thawed = threading.Event()
+        node.services.set_gate(self._gate)
+        for name in _PARK_AT:
+            points.install(name, self._park)
+
+    def _gate(self) -> None:
+        self._thawed.wait()
+
+    def _park(self, node_id: str | None = None, **_: Any) -> None:
+        if node_id is not None and node_id in self.node.ids:
+            self._thawed.wait()
+
+    def thaw(self) -> None:
+        for name in _PARK_AT:
+            points.remove(name, self._park)
+        self.node.services.set_gate(None)
+        self._thawed.set()
+
+    def __enter__(self) -> Frozen:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.thaw()
+
+
+def freeze(node: Node) -> Frozen:
+    return Frozen(node)
+
+
+@contextmanager
+def hold_services(node: Node, settle_s: float = 5.0) -> Iterator[None]:
+    """Hold only the node's services (heartbeat, poller, maintainers) at their next turn, as a
+    process whose loops stopped would; its partitions and masters go on. Returns once the
+    heartbeat is parked (one already on the wire has landed), or after ``settle_s``."""
+    released = threading.Event()
+    parked: set[str] = set()
+    arrived = threading.Condition()
+
+    def gate() -> None:
+        with arrived:
+            parked.add(threading.current_thread().name)
+            arrived.notify_all()
+        released.wait()
+
+    node.services.set_gate(gate)
+    heartbeat = node.services.get("heartbeat")
+    if heartbeat is not None:
+        heartbeat.wake()
+        with arrived:
+            arrived.wait_for(lambda: "dbcluster-heartbeat" in parked, settle_s)
+    try:
+        yield
+    finally:
+        node.services.set_gate(None)
+        released.set()
+
+
+class EventRecorder(ClusterEvents):
+    """Records every event as ``(name, details)``; subscribe it to ``node.events``."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict[str, Any]]] = []
+        self._lock = threading.Lock()
+
+    def __getattribute__(self, name: str) -> Any:
+        if name in _EVENT_NAMES:
+            record = object.__getattribute__(self, "_record")
+            return lambda *args, **kwargs: record(name, args, kwargs)
+        return object.__getattribute__(self, name)
+
+    def _record(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        import inspect
+
+        params = list(inspect.signature(getattr(ClusterEvents, name)).parameters)[1:]
+        details = dict(zip(params, args, strict=False)) | kwargs
+        with self._lock:
+            self.events.append((name, details))
+
+    def named(self, name: str) -> list[dict[str, Any]]:
+        with self._lock:
+            return [d for n, d in self.events if n == name]
+
+    def names(self) -> list[str]:
+        with self._lock:
+            return [n for n, _ in self.events]
+
+
+def record_events(node: Node) -> EventRecorder:
+    recorder = EventRecorder()
+    node.events.subscribe(recorder)
+    return recorder
+
+
+# --- transient database faults on one engine ------------------------------------------------------
+
+
+def drop_connection(engine: Engine, dbapi_connection: Any) -> BaseException:
+    """Close a driver connection as a dropped network would, and return the error its driver
+    raises then: one the engine's dialect judges a lost connection (so SQLAlchemy invalidates
+    the connection, and every provider calls the error transient)."""
+    try:
+        dbapi_connection.close()
+    except Exception:  # noqa: BLE001 - already gone is as good
+        pass
+    dbapi = engine.dialect.loaded_dbapi
+    for cls_name in ("OperationalError", "InterfaceError", "ProgrammingError"):
+        cls = getattr(dbapi, cls_name, None)
+        if cls is None:
+            continue
+        for args in (
+            (2013, "Lost connection to server during query"),
+            ("server closed the connection unexpectedly",),
+            ("Cannot operate on a closed database.",),
+        ):
+            try:
+                error = cls(*args)
+            except Exception:  # noqa: BLE001 - a driver that rejects these arguments
+                continue
+            if engine.dialect.is_disconnect(error, dbapi_connection, None):  # type: ignore[arg-type]
+                return error
+    raise RuntimeError(f"no disconnect error recognised by {engine.dialect.name}")
+
+
+class Injected:
+    """How many faults an injector has injected so far; :meth:`remove` ends it."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._undo: list[Callable[[], None]] = []
+
+    def remove(self) -> None:
+        for undo in reversed(self._undo):
+            undo()
+        self._undo.clear()
+
+
+def fail_statements(engine: Engine, *, times: int, when: Callable[[str, Any], bool]) -> Injected:
+    """Fail the first ``times`` statements on ``engine`` for which ``when(sql, parameters)`` is
+    true, as a dropped connection would (before the server ran them)."""
+    injected = Injected()
+    lock = threading.Lock()
+
+    def do_execute(cursor: Any, statement: str, parameters: Any, context: Any) -> None:
+        with lock:
+            if injected.count >= times or not when(statement, parameters):
+                return
+            injected.count += 1
+        raise drop_connection(engine, cursor.connection)
+
+    for name in ("do_execute", "do_executemany"):
+        event.listen(engine, name, do_execute)
+        injected._undo.append(lambda name=name: event.remove(engine, name, do_execute))
+    return injected
+
+
+def lose_commit_acks(engine: Engine, *, times: int, when: Callable[[list[str]], bool]) -> Injected:
+    """For the first ``times`` transactions on ``engine`` whose statements satisfy ``when``:
+    commit, then fail as if the connection dropped before the acknowledgement arrived (the
+    outcome is unclear to the client; the database has it)."""
+    injected = Injected()
+    lock = threading.Lock()
+    dialect = engine.dialect
+    real_commit = dialect.do_commit
+    statements: dict[int, list[str]] = {}
+
+    def raw(conn: Any) -> int:
+        # The pooled connection: what the dialect's do_commit is handed.
+        return id(conn.connection)
+
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        statements.setdefault(raw(conn), []).append(statement)
+
+    def forget(conn: Any) -> None:
+        statements.pop(raw(conn), None)
+
+    def do_commit(pooled: Any) -> None:
+        ran = statements.pop(id(pooled), [])
+        real_commit(pooled)
+        with lock:
+            if injected.count >= times or not when(ran):
+                return
+            injected.count += 1
+        raise drop_connection(engine, pooled.dbapi_connection)
+
+    event.listen(engine, "before_cursor_execute", record)
+    event.listen(engine, "rollback", forget)
+    event.listen(engine, "begin", forget)
+    dialect.do_commit = do_commit  # type: ignore[method-assign]
+
+    def undo() -> None:
+        dialect.do_commit = real_commit  # type: ignore[method-assign]
+        event.remove(engine, "before_cursor_execute", record)
+        event.remove(engine, "rollback", forget)
+        event.remove(engine, "begin", forget)
+
+    injected._undo.append(undo)
+    return injected
+
+
+@contextmanager
+def cut_engine(engine: Engine) -> Iterator[None]:
+    """While inside: every statement on ``engine`` fails as on a dropped connection, and every
+    new connection is refused, as when the network between one node and its database is cut."""
+    from dbcluster.dialects import get_provider
+
+    provider = get_provider(engine)
+    dbapi = engine.dialect.loaded_dbapi
+    refused = next(
+        error
+        for error in (
+            dbapi.OperationalError(2003, "Can't connect to server (connection refused)"),
+            dbapi.OperationalError("connection refused"),
+            dbapi.OperationalError("database is locked"),
+        )
+        if provider._is_transient_driver_error(error)
+    )
+
+    def do_execute(cursor: Any, *args: Any) -> None:
+        raise drop_connection(engine, cursor.connection)
+
+    def do_connect(*args: Any) -> None:
+        raise refused
+
+    listeners = [
+        ("do_execute", do_execute),
+        ("do_executemany", do_execute),
+        ("do_execute_no_params", do_execute),
+        ("do_connect", do_connect),
+    ]
+    for name, fn in listeners:
+        event.listen(engine, name, fn)
+    try:
+        yield
+    finally:
+        for name, fn in listeners:
+            event.remove(engine, name, fn)
+
+
+@contextmanager
+def cut_node(node: Node) -> Iterator[None]:
+    """While inside: every engine of ``node`` (coordination, work and autocommit) is cut as by
+    :func:`cut_engine`, as when the network between the node and its database is cut."""
+    engines = [node.engines.coordination, node.engines.work, node.engines.autocommit]
+    unique = list({id(e): e for e in engines if e is not None}.values())
+    with ExitStack() as stack:
+        for engine in unique:
+            stack.enter_context(cut_engine(engine))
+        yield

@@ -1,0 +1,20 @@
+"""The README lists every metric a node and the dashboard expose."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("prometheus_client", reason="the metrics extra is not installed")
+pytest.importorskip("starlette", reason="the web extra is not installed")
+
+from dbcluster.metrics import NODE_METRICS  # noqa: E402
+from dbcluster.web.gauges import CLUSTER_METRICS  # noqa: E402
+
+README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+
+
+@pytest.mark.parametrize("name", [*NODE_METRICS, *CLUSTER_METRICS])
+def test_the_readme_says_what_each_metric_means(name: str) -> None:
+    assert f"`{name}`" in README
