@@ -128,7 +128,7 @@ def test_dbcluster_stop_ends_partitions_on_three_worker_processes_and_restart_co
     wait_for(joined, 60, "the three workers to join", interval=0.1)
     master = start(
         "master", "launch", "--app", TEST_APP, "--no-work", "ledger", "run=cli-stop",
-        "delay_ms(int)=3000", "tick_ms(int)=50",
+        "delay_ms(int)=10000", "tick_ms(int)=50",
     )  # fmt: skip
 
     def running_on() -> set[str]:
@@ -152,7 +152,7 @@ def test_dbcluster_stop_ends_partitions_on_three_worker_processes_and_restart_co
         left = Counter(r[0] for r in conn.execute(select(partitions.c.status)))
         effects = conn.execute(select(ledger.c.partition_name)).all()
     assert not left["PENDING"] and not left["CLAIMED"], left
-    assert not effects  # every partition was stopped before its effect (3 s of ticks)
+    assert not effects  # every partition was stopped before its effect (10 s of ticks)
     restarted = run_cli(
         "restart", "--url", backend.url, "--app", TEST_APP, "--no-work", "-q", str(execution_id),
         timeout=120,

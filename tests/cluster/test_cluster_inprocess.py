@@ -86,7 +86,12 @@ def test_least_loaded_keeps_work_off_a_busy_node(backend: Backend, make_cluster)
 def test_frozen_worker_transferable_move_non_transferable_fail_and_it_rejoins(
     backend: Backend, make_cluster
 ) -> None:
-    master, victim, _other = make_cluster(), make_cluster(), make_cluster()
+    # Thresholds a loaded machine does not trip before the freeze: a node that fenced itself
+    # for a late heartbeat (SQLite's writer lock can hold one back for most of a second) would
+    # lose its partitions before the victim ever held three.
+    patient = FAST_SETTINGS.with_overrides(unreachable_threshold=2000, cleanup_threshold=4000)
+    master, victim = make_cluster(patient), make_cluster(patient)
+    _other = make_cluster(patient)
     recorder = record_events(victim.node)
     old_id = victim.node.node_id
     run = launch_in_thread(master, "ledger-mixed", {"run": 3, "delay_ms": 400})
@@ -134,7 +139,12 @@ def test_frozen_worker_transferable_move_non_transferable_fail_and_it_rejoins(
     before = Counter(r.partition_name for r in ledger_rows(backend, [execution.id]))
     frozen.thaw()
     wait_for(lambda: victim.node.node_id != old_id, what="the victim to rejoin")
-    time.sleep(0.6)  # let its parked partitions try their (fenced) commits
+    executor = victim.node.worker.executor
+
+    def parked_ended() -> bool:  # each parked partition tried its (fenced) commit and ended
+        return not any(executor.holds(sid) for sid in held)
+
+    wait_for(parked_ended, what="the victim's parked partitions to end")
     after = Counter(r.partition_name for r in ledger_rows(backend, [execution.id]))
     assert after == before and max(after.values()) == 1
     for p in lost:
