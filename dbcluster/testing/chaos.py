@@ -32,6 +32,10 @@ if TYPE_CHECKING:  # the CLI imports this module: the test application loads onl
 KINDS = ("kill", "stop", "term", "cut", "freeze-tx", "stop-between", "blip")
 #: Kinds that hit a job's master only.
 MASTER_KINDS = ("stop-between", "blip")
+#: Kinds that only make sense on a worker (a master's partitions run on the workers).
+WORKER_KINDS = ("term", "freeze-tx")
+#: ``--target``: which processes the faults fall on (``any``: workers and masters, mixed).
+TARGETS = ("any", "masters", "workers")
 JOB_NAMES = ("ledger-steps", "ledger-mixed", "ledger-fixed", "ledger")
 #: Jobs whose master runs a step after the partitioned one (``stop-between`` needs one).
 STEPPED_JOBS = ("ledger-steps",)
@@ -68,14 +72,24 @@ def plan_faults(
     window: float,
     cleanup_ms: int,
     unreachable_ms: int,
+    on: str = "any",
 ) -> list[Fault]:
     """The fault plan: a pure function of its arguments. Every kind appears once before any
-    repeats (when ``faults`` >= 4); about a quarter of kills and stops hit a job's master."""
+    repeats (when ``faults`` >= the number of kinds); about a quarter of kills and stops hit a
+    job's master. ``on="masters"`` puts every fault on a master (the kinds a master can
+    take), ``"workers"`` every fault on a worker."""
+    if on not in TARGETS:
+        raise ValueError(f"faults fall on one of {', '.join(TARGETS)}, not {on!r}")
+    pool = {
+        "any": KINDS,
+        "masters": tuple(k for k in KINDS if k not in WORKER_KINDS),
+        "workers": tuple(k for k in KINDS if k not in MASTER_KINDS),
+    }[on]
     rng = random.Random(seed)
-    kinds = list(KINDS)
+    kinds = list(pool)
     rng.shuffle(kinds)
     while len(kinds) < faults:
-        kinds.append(rng.choice(KINDS))
+        kinds.append(rng.choice(pool))
     kinds = kinds[:faults]
     starts = launch_times(jobs, window)
     stepped = [j for j in range(jobs) if JOB_NAMES[j % len(JOB_NAMES)] in STEPPED_JOBS]
@@ -86,8 +100,11 @@ def plan_faults(
             kind in ("kill", "stop", "cut")
             and (rng.random() < 0.25 or (kind == "kill" and not master_hit))
         )
+        if on != "any":
+            to_master = on == "masters"
         if kind == "stop-between" and not stepped:
-            kind, to_master = "stop", False
+            kind = "stop"
+            to_master = on == "masters"
         if to_master and jobs > 0:
             master_hit = master_hit or kind == "kill"
             j = rng.choice(stepped) if kind == "stop-between" else rng.randrange(jobs)
@@ -245,8 +262,11 @@ def run_chaos(
     workdir: str | Path | None = None,
     env: dict[str, str] | None = None,
     log: Any = None,
+    target: str = "any",
 ) -> dict[str, Any]:
-    """Run the chaos scenario on ``url`` (a scratch database) and return the summary."""
+    """Run the chaos scenario on ``url`` (a scratch database) and return the summary.
+
+    ``target`` chooses which processes the faults fall on (see :func:`plan_faults`)."""
     from dbcluster import schema
     from dbcluster.batch.parameters import JobParameters
     from dbcluster.batch.repository import JobRepository
@@ -274,6 +294,7 @@ def run_chaos(
         window=window,
         cleanup_ms=cleanup_ms,
         unreachable_ms=harness.ms("unreachable_threshold"),
+        on=target,
     )
     run_id = f"{seed}-{uuid.uuid4().hex[:8]}"
     refs: list[JobRef] = []
@@ -290,6 +311,7 @@ def run_chaos(
     launched = [False] * jobs
     done = [False] * jobs
     restarts = 0
+    restart_causes: list[dict[str, Any]] = []  # why each relaunched job's last execution ended
     injected: list[dict[str, Any]] = []
     kills: list[KillRecord] = []
     timers: list[tuple[float, str, NodeProcess]] = []  # (monotonic time, action, process)
@@ -313,9 +335,9 @@ def run_chaos(
 
         def pick(fault: Fault) -> NodeProcess | None:
             slots = [f"w{i}" for i in range(nodes)] + [f"m{j}" for j in range(jobs)]
-            if fault.kind in ("term", "freeze-tx"):
+            if fault.kind in WORKER_KINDS or target == "workers":
                 slots = slots[:nodes]
-            elif fault.kind in MASTER_KINDS:
+            elif fault.kind in MASTER_KINDS or target == "masters":
                 # A master's fault falls on another job's master when the planned one is gone.
                 slots = [f"m{j}" for j in range(jobs)]
                 if fault.kind == "stop-between":
@@ -327,8 +349,13 @@ def run_chaos(
                     return p
             return None
 
+        def last_execution(j: int) -> Any:
+            return repository.get_last_job_execution(
+                refs[j].job, JobParameters.parse(refs[j].params)
+            )
+
         def job_state(j: int) -> str:
-            e = repository.get_last_job_execution(refs[j].job, JobParameters.parse(refs[j].params))
+            e = last_execution(j)
             if e is None:
                 return "none"
             if e.status.value == "COMPLETED":
@@ -351,6 +378,16 @@ def run_chaos(
                     continue  # its master is gone: a survivor takes it over (or abandons it)
                 if launched[j]:
                     restarts += 1
+                    ended = last_execution(j)
+                    restart_causes.append(
+                        {
+                            "job": j,
+                            "job_execution_id": ended.id,
+                            "status": ended.status.value,
+                            "exit_code": ended.exit_status.code,
+                            "exit_description": (ended.exit_status.description or "")[:300],
+                        }
+                    )
                 launched[j] = True
                 launchers[j] = harness.start_launcher(
                     f"m{j}", refs[j].job, dict(item.split("=", 1) for item in refs[j].params)
@@ -517,7 +554,9 @@ def run_chaos(
                 for k, v in harness.env.items()
                 if v.isdigit()
             },
+            "target": target,
             "job_restarts": restarts,
+            "restart_causes": restart_causes,
             "recovery_after_kill": recoveries,
             "recovery_floor_s": floor_ms / 1000,
             "takeovers": takeovers,
@@ -547,10 +586,16 @@ def format_summary(s: dict[str, Any]) -> str:
         + ", ".join(f"{k} {s['faults_by_kind'].get(k, 0)}" for k in KINDS)
         + f"  (on masters: {s['faults_by_role'].get('master', 0)}; cut: {s['cut_method']})",
         f"partitions {s['partitions']}, runs {s['partitions_run']}, re-runs {s['reruns']}, "
-        f"job restarts {s['job_restarts']}, abandoned executions {s['abandoned_executions']}",
+        f"job restarts {s['job_restarts']}, abandoned executions {s['abandoned_executions']}"
+        f" (faults on: {s.get('target', 'any')})",
         f"duplicate non-transferable effects {s['duplicate_non_transferable_effects']}, "
         f"lost partitions {s['lost_partitions']}, stuck jobs {s['stuck_jobs']}",
     ]
+    for c in s.get("restart_causes", []):
+        lines.append(
+            f"  restart of job {c['job']}: execution {c['job_execution_id']} ended {c['status']} "
+            f"({c['exit_code']}: {c['exit_description'][:120]})"
+        )
     for t in s.get("takeovers", []):
         after = (
             "" if t["seconds_after_fault"] is None else f" {t['seconds_after_fault']:.2f} s after"
@@ -585,6 +630,13 @@ def format_summary(s: dict[str, Any]) -> str:
 @click.option("--delay-ms", type=int, default=3000, show_default=True, help="Partition run time.")
 @click.option("--settle-timeout", type=float, default=240, show_default=True)
 @click.option("--workdir", type=click.Path(file_okay=False), help="Node logs go here.")
+@click.option(
+    "--target",
+    type=click.Choice(TARGETS),
+    default="any",
+    show_default=True,
+    help="Which processes the faults fall on: masters only, workers only, or both.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def chaos(
     url: str,
@@ -596,6 +648,7 @@ def chaos(
     delay_ms: int,
     settle_timeout: float,
     workdir: str | None,
+    target: str,
     as_json: bool,
 ) -> None:
     """Run nodes on URL, inject seeded faults, check every invariant (exit 0 only if all held).
@@ -617,6 +670,7 @@ def chaos(
         settle_timeout=settle_timeout,
         workdir=workdir,
         log=say,
+        target=target,
     )
     click.echo(json.dumps(summary, default=str, indent=2) if as_json else format_summary(summary))
     sys.exit(0 if summary["ok"] else 1)
