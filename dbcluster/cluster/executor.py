@@ -140,9 +140,9 @@ class Executor:
                     self._release(task)
                 return
             self._execute(task)
-        except Exception:  # noqa: BLE001 - recorded FAILED once the database answers
+        except Exception as error:  # noqa: BLE001 - recorded once the database answers
             log.exception("node %s failed to run partition %s", identity.node_id, p.partition_name)
-            self._fail_after_error(task)
+            self._fail_after_error(task, error)
         finally:
             self._forget(task)
             self.on_free()
@@ -267,13 +267,21 @@ class Executor:
         )
         self.node.events.lost(task.identity.node_id, p.partition_name, p.step_execution_id, reason)
 
-    def _fail_after_error(self, task: Task) -> None:
+    def _fail_after_error(self, task: Task, error: BaseException) -> None:
         """The step could not record its outcome (its final transaction failed beyond the retry
         budget, or its commit's outcome stayed unknown). A partition left CLAIMED on a live node
         is never looked at again (masters recover partitions of nodes that are gone), so record
-        FAILED under the fence once the database answers, unless the step's own final commit
-        landed after all. A fenced or leaving node leaves it to the master."""
+        its end under the fence once the database answers, unless the step's own final commit
+        landed after all. A fenced or leaving node leaves it to the master.
+
+        The end is judged like any failed try: on what failed the step (or, when the step had
+        not failed, on ``error``, what kept it from recording its end), so a transferable
+        partition that a database outage failed is tried again while it has tries left."""
         p, identity = task.partition, task.identity
+        ran = task.step_execution
+        causes = list(ran.failure_exceptions) if ran is not None else []
+        if ran is None or ran.status is not BatchStatus.FAILED or not causes:
+            causes.append(error)
         while not identity.fenced.is_set() and not self.node.stopping:
             try:
                 se = self.repository.get_step_execution(p.step_execution_id)
@@ -284,6 +292,7 @@ class Executor:
                     # or its master failed it (after taking the partition away).
                     return
                 se.fence = self._fence_for(task)
+                se.failure_exceptions.extend(causes)
                 self._end_without_running(
                     task,
                     se,

@@ -274,6 +274,15 @@ def ledger_tasklet(ctx: ChunkContext) -> RepeatStatus:
         # The effect committed in an earlier attempt or execution (its node died before the
         # step's COMPLETED status was written): record nothing twice.
         return RepeatStatus.FINISHED
+    ticks = int(step_ctx.get("ticks", 0))
+    delay_ms = int(_param(ctx, "delay_ms", 0))
+    tick_s = int(_param(ctx, "tick_ms", int(TICK_S * 1000))) / 1000
+    ticking = ticks * tick_s * 1000 < delay_ms
+    if ticking:
+        # Before this transaction writes anything: on SQLite the first write takes the
+        # database's one write lock, and a tick slept under it would stall every other
+        # process's heartbeat for its length (eight partitions starting together: seconds).
+        time.sleep(tick_s)
     provider = get_provider(ctx.connection.engine)
     node_id, attempt = current_node_id.get(), current_attempt.get()
     transferable = bool(step_ctx.get("transferable", True))
@@ -292,11 +301,7 @@ def ledger_tasklet(ctx: ChunkContext) -> RepeatStatus:
                 started=provider.now(),
             )
         )
-    ticks = int(step_ctx.get("ticks", 0))
-    delay_ms = int(_param(ctx, "delay_ms", 0))
-    tick_s = int(_param(ctx, "tick_ms", int(TICK_S * 1000))) / 1000
-    if ticks * tick_s * 1000 < delay_ms:
-        time.sleep(tick_s)
+    if ticking:
         step_ctx.put("ticks", ticks + 1)
         return RepeatStatus.CONTINUABLE
     stalling = str(_param(ctx, "stall", ""))

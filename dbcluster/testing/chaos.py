@@ -311,6 +311,7 @@ def run_chaos(
     launched = [False] * jobs
     done = [False] * jobs
     restarts = 0
+    relaunches = 0  # launch processes started again before their job had an execution
     restart_causes: list[dict[str, Any]] = []  # why each relaunched job's last execution ended
     injected: list[dict[str, Any]] = []
     kills: list[KillRecord] = []
@@ -363,7 +364,7 @@ def run_chaos(
             return "running" if e.status.is_running else "failed"
 
         def supervise_jobs(now: float) -> None:
-            nonlocal restarts
+            nonlocal restarts, relaunches
             for j in range(jobs):
                 if done[j] or now - t0 < starts[j]:
                     continue
@@ -376,7 +377,11 @@ def run_chaos(
                     continue
                 if state == "running":
                     continue  # its master is gone: a survivor takes it over (or abandons it)
-                if launched[j]:
+                if launched[j] and state == "none":
+                    # Its launch process ended (a fault as it connected) before the execution
+                    # existed: launching it again restarts nothing.
+                    relaunches += 1
+                elif launched[j]:
                     restarts += 1
                     ended = last_execution(j)
                     restart_causes.append(
@@ -557,6 +562,7 @@ def run_chaos(
             "target": target,
             "job_restarts": restarts,
             "restart_causes": restart_causes,
+            "relaunches_before_start": relaunches,
             "recovery_after_kill": recoveries,
             "recovery_floor_s": floor_ms / 1000,
             "takeovers": takeovers,
@@ -587,7 +593,8 @@ def format_summary(s: dict[str, Any]) -> str:
         + f"  (on masters: {s['faults_by_role'].get('master', 0)}; cut: {s['cut_method']})",
         f"partitions {s['partitions']}, runs {s['partitions_run']}, re-runs {s['reruns']}, "
         f"job restarts {s['job_restarts']}, abandoned executions {s['abandoned_executions']}"
-        f" (faults on: {s.get('target', 'any')})",
+        f" (faults on: {s.get('target', 'any')}; launches repeated before their execution"
+        f" existed: {s.get('relaunches_before_start', 0)})",
         f"duplicate non-transferable effects {s['duplicate_non_transferable_effects']}, "
         f"lost partitions {s['lost_partitions']}, stuck jobs {s['stuck_jobs']}",
     ]

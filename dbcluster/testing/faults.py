@@ -16,6 +16,15 @@ import threading
 from typing import Any
 
 _installed: set[Any] = set()
+CUT_MESSAGE = "dbcluster fault harness: database connection cut"
+
+
+def _cut_is_a_disconnect(context: Any) -> None:
+    """A severed link is a lost connection to SQLAlchemy, as it is on a TCP database: the
+    connection is invalidated and the error is transient to every provider (SQLite's own
+    driver never reports a lost connection, so without this a cut would look permanent)."""
+    if getattr(context.original_exception, "dbcluster_cut", False):
+        context.is_disconnect = True
 
 
 class _Cut:
@@ -25,7 +34,9 @@ class _Cut:
     def _check(self, dbapi: Any) -> None:
         if os.path.exists(self.path):
             error = getattr(dbapi, "OperationalError", None) or ConnectionError
-            raise error("dbcluster fault harness: database connection cut")
+            cut = error(CUT_MESSAGE)
+            cut.dbcluster_cut = True
+            raise cut
 
     def execute(self, cursor: Any, statement: Any, parameters: Any, context: Any) -> None:
         self._check(context.dialect.loaded_dbapi)
@@ -50,6 +61,7 @@ def install_cut_switch(path: str) -> None:
     event.listen(Engine, "do_executemany", cut.execute)
     event.listen(Engine, "do_execute_no_params", cut.execute_no_params)
     event.listen(Engine, "do_connect", cut.connect)
+    event.listen(Engine, "handle_error", _cut_is_a_disconnect)
     _installed.add(path)
 
 

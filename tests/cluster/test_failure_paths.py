@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from typing import Any
 
@@ -145,3 +146,52 @@ def test_a_job_whose_last_write_fails_once_still_completes(backend: Backend, mak
         cluster.repository.get_job_execution(row.job_execution_id).status is BatchStatus.COMPLETED
     )
     assert row.status == "COMPLETED"
+
+
+def test_a_partition_that_an_outage_kept_from_writing_its_end_is_tried_again(
+    backend: Backend, make_cluster
+) -> None:
+    """A worker's step transactions fail (a database outage of its work connections, three
+    retry budgets long) from the first write that holds a partition: each try fails and its
+    end cannot be written either. Once the database answers, the node records the end of each
+    transferable partition as a failed try with tries left (they run again and the job
+    completes), not as a final failure."""
+    outage_s = 3 * FAST_SETTINGS.unreachable_threshold / 1000
+    began: list[float] = []
+    lock = threading.Lock()
+
+    def in_outage(sql: str, _params: Any) -> bool:
+        now = time.monotonic()
+        with lock:
+            if not began:
+                if "UPDATE batch_partitions" not in sql:
+                    return False
+                began.append(now)
+            return now - began[0] < outage_s
+
+    master = make_cluster(work=False)
+    worker = make_cluster()
+    failed = fail_statements(worker.node.work_engine, times=10**9, when=in_outage)
+    execution = master.launch("ledger", {"run": 6})
+    assert failed.count > 1, "the outage was not injected"
+    assert execution.status is BatchStatus.COMPLETED, execution.exit_status
+    rows = ledger_rows_of(backend, execution.id)
+    assert len(rows) == 4 and set(Counter(rows).values()) == {1}
+    with backend.engine.connect() as conn:
+        parts = conn.execute(
+            select(partitions.c.status, partitions.c.attempt).where(
+                partitions.c.job_execution_id == execution.id
+            )
+        ).all()
+    assert {p.status for p in parts} == {"COMPLETED"}
+    assert max(p.attempt for p in parts) == 2, parts  # the tries the outage failed ran again
+
+
+def ledger_rows_of(backend: Backend, job_execution_id: int) -> list[str]:
+    with backend.engine.connect() as conn:
+        return [
+            r[0]
+            for r in conn.execute(
+                select(ledger.c.partition_name).where(ledger.c.job_execution_id == job_execution_id)
+            )
+        ]
