@@ -194,6 +194,19 @@ def _recovery(engine: Any, kill: KillRecord, since: RowMark) -> float | None:
     )
 
 
+def _cause(faults: list[dict[str, Any]], lost: str, at: datetime) -> dict[str, Any] | None:
+    """The fault that cost ``lost`` its mastership at ``at``: the last one applied to its process
+    before then (a process that lost a job's mastership may follow the job and take later
+    faults; a skipped fault did nothing)."""
+    for fault in reversed(faults):
+        if "skipped" in fault or "db_time" not in fault or not fault.get("prefix"):
+            continue
+        applied = datetime.fromisoformat(fault["db_time"]).replace(tzinfo=None)
+        if lost.startswith(f"{fault['prefix']}-") and applied <= at:
+            return fault
+    return None
+
+
 def _takeovers(engine: Any, refs: list[Any], faults: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Every master takeover of these jobs' executions: who took over from whom, when, and how
     long after the fault that hit the lost master (on the database clock)."""
@@ -220,14 +233,7 @@ def _takeovers(engine: Any, refs: list[Any], faults: list[dict[str, Any]]) -> li
                 if row.reason != "takeover":
                     continue
                 lost = str(before.master_node)
-                fault = next(
-                    (
-                        f
-                        for f in reversed(faults)
-                        if f.get("prefix") and lost.startswith(f"{f['prefix']}-") and "db_time" in f
-                    ),
-                    None,
-                )
+                fault = _cause(faults, lost, row.since.replace(tzinfo=None))
                 since_fault = None
                 if fault is not None:
                     began = datetime.fromisoformat(fault["db_time"])
