@@ -677,11 +677,19 @@ class QueryProvider:
     def _guarded(
         self, step_execution_id: int, node_id: str, attempt: int, statuses: Iterable[str]
     ) -> ColumnElement[bool]:
+        wanted = list(statuses)
+        # One status is an equality: an IN list is an "expanding" parameter, which SQLAlchemy
+        # renders anew on every execution (the fence runs in every partition transaction).
+        status = (
+            partitions.c.status == wanted[0]
+            if len(wanted) == 1
+            else partitions.c.status.in_(wanted)
+        )
         return and_(
             partitions.c.step_execution_id == step_execution_id,
             partitions.c.assigned_node == node_id,
             partitions.c.attempt == attempt,
-            partitions.c.status.in_(list(statuses)),
+            status,
         )
 
     def claim_partition(self, step_execution_id: int, node_id: str, attempt: int) -> Update:
