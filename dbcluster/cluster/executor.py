@@ -272,27 +272,36 @@ class Executor:
         budget, or its commit's outcome stayed unknown). A partition left CLAIMED on a live node
         is never looked at again (masters recover partitions of nodes that are gone), so record
         its end under the fence once the database answers, unless the step's own final commit
-        landed after all. A fenced or leaving node leaves it to the master.
+        landed after all (the step row's version moved on). A fenced or leaving node leaves it
+        to the master.
 
-        The end is judged like any failed try: on what failed the step (or, when the step had
-        not failed, on ``error``, what kept it from recording its end), so a transferable
-        partition that a database outage failed is tried again while it has tries left."""
+        A step that concluded (COMPLETED, FAILED or STOPPED in memory: every write of its work
+        committed, only its final write failed) gets that same final write, judged as it would
+        have been: a completed step is recorded COMPLETED (never run again), a failed one is
+        tried again only if its failure is retryable. A step that did not get as far is judged
+        on ``error``, what stopped it: a transferable partition that a database outage stopped
+        is tried again while it has tries left."""
         p, identity = task.partition, task.identity
         ran = task.step_execution
-        causes = list(ran.failure_exceptions) if ran is not None else []
-        if ran is None or ran.status is not BatchStatus.FAILED or not causes:
-            causes.append(error)
         while not identity.fenced.is_set() and not self.node.stopping:
             try:
                 se = self.repository.get_step_execution(p.step_execution_id)
                 if se is None:
                     return
-                if not se.status.is_running:
-                    # Its final transaction committed after all (with the partition's outcome),
-                    # or its master failed it (after taking the partition away).
+                if ran is not None and se.version != ran.version:
+                    # Its final commit landed after all (with the partition's outcome), or its
+                    # master ended it (after taking the partition away).
                     return
-                se.fence = self._fence_for(task)
-                se.failure_exceptions.extend(causes)
+                if ran is None and not se.status.is_running:
+                    return
+                fence = self._fence_for(task)
+                if ran is not None and not ran.status.is_running:
+                    ran.fence = fence
+                    commit_step(ran, self.runtime, final=True)
+                    self._recorded(task, fence.outcome)
+                    return
+                se.fence = fence
+                se.failure_exceptions.append(error)
                 self._end_without_running(
                     task,
                     se,

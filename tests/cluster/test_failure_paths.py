@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import Counter
@@ -148,43 +149,130 @@ def test_a_job_whose_last_write_fails_once_still_completes(backend: Backend, mak
     assert row.status == "COMPLETED"
 
 
-def test_a_partition_that_an_outage_kept_from_writing_its_end_is_tried_again(
-    backend: Backend, make_cluster
-) -> None:
-    """A worker's step transactions fail (a database outage of its work connections, three
-    retry budgets long) from the first write that holds a partition: each try fails and its
-    end cannot be written either. Once the database answers, the node records the end of each
-    transferable partition as a failed try with tries left (they run again and the job
-    completes), not as a final failure."""
-    outage_s = 3 * FAST_SETTINGS.unreachable_threshold / 1000
+#: Liveness thresholds a loaded machine cannot trip (the outage below hits only the worker's
+#: step transactions, never its heartbeat); the retry budget of a step transaction is the
+#: unreachable threshold.
+PATIENT = FAST_SETTINGS.with_overrides(unreachable_threshold=2000, cleanup_threshold=4000)
+
+
+class _Logged(logging.Handler):
+    """Sets ``seen`` once a record of the node's logger contains ``text``."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(logging.WARNING)
+        self.text = text
+        self.seen = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.seen.set()
+
+
+def _outage(engine: Any, starts_with: str) -> tuple[Any, _Logged]:
+    """Every statement of ``engine`` fails, as a dropped connection, from the first one that
+    contains ``starts_with`` until the node says it cannot record a partition's end yet (it is
+    then in the loop that writes that end once the database answers)."""
+    logged = _Logged("cannot record partition")
+    logging.getLogger("dbcluster.node").addHandler(logged)
     began: list[float] = []
     lock = threading.Lock()
 
     def in_outage(sql: str, _params: Any) -> bool:
-        now = time.monotonic()
         with lock:
             if not began:
-                if "UPDATE batch_partitions" not in sql:
+                if starts_with not in sql:
                     return False
-                began.append(now)
-            return now - began[0] < outage_s
+                began.append(time.monotonic())
+            return not logged.seen.is_set() and time.monotonic() - began[0] < 60
 
-    master = make_cluster(work=False)
-    worker = make_cluster()
-    failed = fail_statements(worker.node.work_engine, times=10**9, when=in_outage)
-    execution = master.launch("ledger", {"run": 6})
-    assert failed.count > 1, "the outage was not injected"
+    return fail_statements(engine, times=10**9, when=in_outage), logged
+
+
+def _partitions_of(backend: Backend, job_execution_id: int) -> list[Any]:
+    with backend.engine.connect() as conn:
+        return conn.execute(
+            select(partitions.c.status, partitions.c.attempt).where(
+                partitions.c.job_execution_id == job_execution_id
+            )
+        ).all()
+
+
+def test_a_partition_that_an_outage_kept_from_writing_its_end_is_tried_again(
+    backend: Backend, make_cluster
+) -> None:
+    """A worker's step transactions fail from the first write that holds a partition (a
+    database outage of its work connections, longer than a step transaction's retry budget):
+    each partition's one transaction fails, and so does the write of its failed end. Once the
+    database answers, the node records each transferable partition as a failed try with tries
+    left, not as a final failure: they run again and the job completes."""
+    master = make_cluster(PATIENT, work=False)
+    worker = make_cluster(PATIENT)
+    failed, logged = _outage(worker.node.work_engine, "UPDATE batch_partitions")
+    try:
+        execution = master.launch("ledger", {"run": 6})
+    finally:
+        logging.getLogger("dbcluster.node").removeHandler(logged)
+    assert failed.count > 1 and logged.seen.is_set(), "the outage did not outlast the retries"
     assert execution.status is BatchStatus.COMPLETED, execution.exit_status
     rows = ledger_rows_of(backend, execution.id)
     assert len(rows) == 4 and set(Counter(rows).values()) == {1}
-    with backend.engine.connect() as conn:
-        parts = conn.execute(
-            select(partitions.c.status, partitions.c.attempt).where(
-                partitions.c.job_execution_id == execution.id
-            )
-        ).all()
+    parts = _partitions_of(backend, execution.id)
     assert {p.status for p in parts} == {"COMPLETED"}
     assert max(p.attempt for p in parts) == 2, parts  # the tries the outage failed ran again
+
+
+class _AfterStep:
+    """An ``after_step`` listener: the tasklet's last call and the step's end are then two
+    transactions."""
+
+    def after_step(self, step_execution: Any) -> None:
+        return None
+
+
+def _effect_each_call(ctx: Any) -> RepeatStatus:
+    """One ledger row on every call, remembering nothing: run twice, it writes twice."""
+    se = ctx.step_execution
+    ctx.connection.execute(
+        ledger.insert().values(
+            job_execution_id=se.job_execution.id,
+            step_execution_id=se.id,
+            partition_name=se.step_name.split(":", 1)[1],
+            transferable=True,
+            lo=0,
+            hi=0,
+            total=0,
+        )
+    )
+    return RepeatStatus.FINISHED
+
+
+def test_a_completed_partition_whose_end_an_outage_kept_from_being_written_is_not_run_again(
+    backend: Backend, make_cluster
+) -> None:
+    """The tasklet's effect committed; the step's separate final write then fails through an
+    outage longer than its retry budget. Once the database answers, the node writes that end
+    as it was (COMPLETED, attempt 1): the partition is not tried again, so its effect (which
+    this tasklet would repeat) happens once."""
+    registry = build_registry()
+    worker_step = TaskletStep("once.worker", _effect_each_call, listeners=[_AfterStep()])
+    registry.register(
+        Job("once", [PartitionStep("once.master", worker_step, RangePartitioner(True))])
+    )
+    master = make_cluster(PATIENT, work=False, registry=registry)
+    # One partition at a time: the outage then hits only the first one's final write.
+    worker = make_cluster(PATIENT.with_overrides(concurrency_limit=1), registry=registry)
+    # The final write is the first to change a partition's status from the work connection.
+    failed, logged = _outage(worker.node.work_engine, "UPDATE batch_partitions SET status")
+    try:
+        execution = master.launch("once", {"run": 7})
+    finally:
+        logging.getLogger("dbcluster.node").removeHandler(logged)
+    assert failed.count > 1 and logged.seen.is_set(), "the outage did not outlast the retries"
+    assert execution.status is BatchStatus.COMPLETED, execution.exit_status
+    rows = ledger_rows_of(backend, execution.id)
+    assert len(rows) == 4 and set(Counter(rows).values()) == {1}, Counter(rows)
+    parts = _partitions_of(backend, execution.id)
+    assert {(p.status, p.attempt) for p in parts} == {("COMPLETED", 1)}, parts
 
 
 def ledger_rows_of(backend: Backend, job_execution_id: int) -> list[str]:
