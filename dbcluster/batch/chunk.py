@@ -103,7 +103,9 @@ def resolve_processor(spec: Component, step_execution: StepExecution) -> Any:
 class ChunkStep(Step):
     """reader -> processor -> writer, ``chunk_size`` items per transaction.
 
-    - ``reader.read()`` returns an item or None at the end.
+    - ``reader.read()`` returns an item or None at the end. A reader may also offer
+      ``read_chunk(limit)`` (up to ``limit`` of its next items, empty at the end; the SQL
+      readers do): without read listeners the step then takes its items that way.
     - ``processor`` (optional): an object with ``process(item)``, a callable ``fn(item)``, or a
       factory ``fn(step_execution)`` returning either (its parameter named ``step_execution``,
       annotated ``StepExecution``, or the factory marked with :func:`step_scope`); returning
@@ -281,6 +283,23 @@ class ChunkStep(Step):
     ) -> tuple[list[Any], bool]:
         hooks = self.hooks
         items: list[Any] = []
+        bulk = getattr(reader, "read_chunk", None)
+        if callable(bulk) and not hooks.before_read and not hooks.after_read:
+            # Nothing to call per item: take the items a page at a time.
+            while len(items) < self.chunk_size:
+                try:
+                    got = bulk(self.chunk_size - len(items))
+                except Exception as error:
+                    fire(hooks.on_read_error, error)
+                    if self._can_skip(error, se):
+                        self._skip(se, "read_skip_count", error, skipped)
+                        continue
+                    raise
+                if not got:
+                    return items, True
+                se.read_count += len(got)
+                items.extend(got)
+            return items, False
         while len(items) < self.chunk_size:
             fire(hooks.before_read)
             try:

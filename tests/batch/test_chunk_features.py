@@ -244,3 +244,54 @@ def test_backoff_fixed_exponential_and_jitter() -> None:
     assert jittered.delay(2, rng=lambda: 1.0) == 1.0 and jittered.delay(2, rng=lambda: 0.0) == 2.0
     with pytest.raises(ConfigurationError):
         Backoff(initial=1.0, jitter=2.0)
+
+
+class _PageReader:
+    """Items 0..n-1 through ``read`` or ``read_chunk``, counting the calls of each."""
+
+    def __init__(self, n: int, page: int) -> None:
+        self.items = list(range(n))
+        self.page = page
+        self.calls: Counter[str] = Counter()
+
+    def read(self) -> Any:
+        self.calls["read"] += 1
+        return self.items.pop(0) if self.items else None
+
+    def read_chunk(self, limit: int) -> list[Any]:
+        self.calls["read_chunk"] += 1
+        taken = self.items[: min(limit, self.page)]
+        del self.items[: len(taken)]
+        return taken
+
+
+class _SeesReads:
+    def __init__(self) -> None:
+        self.seen: list[Any] = []
+
+    def after_read(self, item: Any) -> None:
+        self.seen.append(item)
+
+
+@pytest.mark.parametrize("listening", [False, True])
+def test_a_reader_with_read_chunk_is_read_in_bulk_unless_a_listener_needs_each_read(
+    launcher: JobLauncher, listening: bool
+) -> None:
+    reader, out, listener = _PageReader(23, page=4), ListItemWriter(), _SeesReads()
+    step = ChunkStep(
+        f"bulk-{listening}",
+        reader=reader,
+        writer=out,
+        chunk_size=10,
+        listeners=[listener] if listening else [],
+    )
+    execution = _run(launcher, step)
+    assert execution.status is BatchStatus.COMPLETED
+    assert out.items == list(range(23))
+    (se,) = execution.step_executions
+    assert se.read_count == 23 and se.write_count == 23 and se.commit_count == 3
+    if listening:
+        assert listener.seen == list(range(23)) and reader.calls == {"read": 24}
+    else:
+        # Pages of at most 4 fill chunks of 10 (4+4+2, 4+4+2), then 3 and an empty call.
+        assert reader.calls == {"read_chunk": 8}
