@@ -87,6 +87,23 @@ _UPDATE_RUNNING_JOB = _UPDATE_JOB.values(
     )
 )
 _KEEPS_STOPPING = (BatchStatus.STARTING, BatchStatus.STARTED)
+#: Inserts built once (SQLAlchemy renders the columns of the parameters each is executed with, and
+#: reuses that compiled form): plain, and returning the new row's key where the database can.
+_INSERT = {t.name: insert(t) for t in (_JI, _JE, _JP, _JC, _SE, _SC)}
+_INSERT_RETURNING = {
+    t.name: insert(t).returning(pk)
+    for t, pk in (
+        (_JI, _JI.c.job_instance_id),
+        (_JE, _JE.c.job_execution_id),
+        (_SE, _SE.c.step_execution_id),
+    )
+}
+_INSERT_STEPS_RETURNING_IN_ORDER = insert(_SE).returning(
+    _SE.c.step_execution_id, sort_by_parameter_order=True
+)
+_SELECT_INSTANCE = select(_JI).where(
+    _JI.c.job_name == bindparam("b_name"), _JI.c.job_key == bindparam("b_key")
+)
 _UPDATE_STEP_CONTEXT = (
     update(_SC)
     .where(_SC.c.step_execution_id == bindparam("b_id"))
@@ -241,8 +258,8 @@ class JobRepository:
 
     def _insert_id(self, conn: Connection, table: Any, pk: Any, values: dict[str, Any]) -> int:
         if conn.dialect.insert_returning:
-            return int(conn.execute(insert(table).values(**values).returning(pk)).scalar_one())
-        result = conn.execute(insert(table).values(**values))
+            return int(conn.execute(_INSERT_RETURNING[table.name], values).scalar_one())
+        result = conn.execute(_INSERT[table.name], values)
         return int(result.inserted_primary_key[0])
 
     # --- job instances -----------------------------------------------------------------------
@@ -274,9 +291,10 @@ class JobRepository:
     def get_job_instance(
         self, job_name: str, params: JobParameters, conn: Connection | None = None
     ) -> JobInstance | None:
-        stmt = select(_JI).where(_JI.c.job_name == job_name, _JI.c.job_key == params.job_key())
         with self._read(conn) as c:
-            row = c.execute(stmt).first()
+            row = c.execute(
+                _SELECT_INSTANCE, {"b_name": job_name, "b_key": params.job_key()}
+            ).first()
         return None if row is None else self._instance(row)
 
     @_retried_read
@@ -342,7 +360,7 @@ class JobRepository:
             )
             if len(params):
                 c.execute(
-                    insert(_JP),
+                    _INSERT[_JP.name],
                     [
                         {
                             "job_execution_id": new_id,
@@ -355,7 +373,7 @@ class JobRepository:
                     ],
                 )
             text = context.to_json()
-            c.execute(insert(_JC).values(job_execution_id=new_id, **_context_columns(text)))
+            c.execute(_INSERT[_JC.name], {"job_execution_id": new_id, **_context_columns(text)})
         context.mark_saved(text)
         return JobExecution(
             id=new_id,
@@ -576,17 +594,9 @@ class JobRepository:
             if len(rows) == 1:
                 ids = [self._insert_id(c, _SE, _SE.c.step_execution_id, rows[0])]
             elif c.dialect.insert_executemany_returning_sort_by_parameter_order:
-                ids = [
-                    int(i)
-                    for i in c.execute(
-                        insert(_SE).returning(
-                            _SE.c.step_execution_id, sort_by_parameter_order=True
-                        ),
-                        rows,
-                    ).scalars()
-                ]
+                ids = [int(i) for i in c.execute(_INSERT_STEPS_RETURNING_IN_ORDER, rows).scalars()]
             else:
-                c.execute(insert(_SE), rows)
+                c.execute(_INSERT[_SE.name], rows)
                 by_name: dict[str, int] = {}
                 for batch in in_batches(names):
                     for row in c.execute(
@@ -600,7 +610,7 @@ class JobRepository:
             contexts = [ctx if ctx is not None else ExecutionContext() for _, ctx in steps]
             texts = [ctx.to_json() for ctx in contexts]
             c.execute(
-                insert(_SC),
+                _INSERT[_SC.name],
                 [
                     {"step_execution_id": i, **_context_columns(text)}
                     for i, text in zip(ids, texts, strict=True)

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Connection, Engine, bindparam
 
 from dbcluster.batch.context import ExecutionContext
 from dbcluster.batch.domain import JobExecution
@@ -212,9 +212,19 @@ class Cluster:
                         f"they finish or their nodes are removed from the cluster"
                     )
 
+        coordination = store.prepared(
+            "insert coordination",
+            lambda: provider.insert_coordination(bindparam("b_id"), bindparam("b_node")),
+        )
+        launched = store.prepared(
+            "insert launched master",
+            lambda: provider.insert_master(bindparam("b_id"), 1, bindparam("b_node"), "launched"),
+        )
+
         def own(conn: Connection, execution: JobExecution) -> None:
-            conn.execute(provider.insert_coordination(execution.id, identity.node_id))
-            conn.execute(provider.insert_master(execution.id, 1, identity.node_id, "launched"))
+            row = {"b_id": execution.id, "b_node": identity.node_id}
+            conn.execute(coordination, row)
+            conn.execute(launched, row)
             if on_created is not None:
                 on_created(conn, execution)
 
