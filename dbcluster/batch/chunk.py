@@ -290,11 +290,8 @@ class ChunkStep(Step):
                 try:
                     got = bulk(self.chunk_size - len(items))
                 except Exception as error:
-                    fire(hooks.on_read_error, error)
-                    if self._can_skip(error, se):
-                        self._skip(se, "read_skip_count", error, skipped)
-                        continue
-                    raise
+                    self._read_failed(se, error, skipped)
+                    continue
                 if not got:
                     return items, True
                 se.read_count += len(got)
@@ -305,17 +302,24 @@ class ChunkStep(Step):
             try:
                 item = reader.read()
             except Exception as error:
-                fire(hooks.on_read_error, error)
-                if self._can_skip(error, se):
-                    self._skip(se, "read_skip_count", error, skipped)
-                    continue
-                raise
+                self._read_failed(se, error, skipped)
+                continue
             if item is None:
                 return items, True
             fire(hooks.after_read, item)
             se.read_count += 1
             items.append(item)
         return items, False
+
+    def _read_failed(
+        self, se: StepExecution, error: Exception, skipped: list[tuple[str, Any, BaseException]]
+    ) -> None:
+        """A read raised ``error``: tell the listeners, then skip it if the policy allows, else
+        raise it again."""
+        fire(self.hooks.on_read_error, error)
+        if not self._can_skip(error, se):
+            raise error
+        self._skip(se, "read_skip_count", error, skipped)
 
     def _process_chunk(
         self,

@@ -6,6 +6,8 @@ import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -168,12 +170,14 @@ class _Logged(logging.Handler):
             self.seen.set()
 
 
-def _outage(engine: Any, starts_with: str) -> tuple[Any, _Logged]:
+@contextmanager
+def _outage(engine: Any, starts_with: str) -> Iterator[tuple[Any, _Logged]]:
     """Every statement of ``engine`` fails, as a dropped connection, from the first one that
     contains ``starts_with`` until the node says it cannot record a partition's end yet (it is
     then in the loop that writes that end once the database answers)."""
     logged = _Logged("cannot record partition")
-    logging.getLogger("dbcluster.node").addHandler(logged)
+    node_log = logging.getLogger("dbcluster.node")
+    node_log.addHandler(logged)
     began: list[float] = []
     lock = threading.Lock()
 
@@ -185,7 +189,12 @@ def _outage(engine: Any, starts_with: str) -> tuple[Any, _Logged]:
                 began.append(time.monotonic())
             return not logged.seen.is_set() and time.monotonic() - began[0] < 60
 
-    return fail_statements(engine, times=10**9, when=in_outage), logged
+    failed = fail_statements(engine, times=10**9, when=in_outage)
+    try:
+        yield failed, logged
+    finally:
+        failed.remove()
+        node_log.removeHandler(logged)
 
 
 def _partitions_of(backend: Backend, job_execution_id: int) -> list[Any]:
@@ -207,11 +216,8 @@ def test_a_partition_that_an_outage_kept_from_writing_its_end_is_tried_again(
     left, not as a final failure: they run again and the job completes."""
     master = make_cluster(PATIENT, work=False)
     worker = make_cluster(PATIENT)
-    failed, logged = _outage(worker.node.work_engine, "UPDATE batch_partitions")
-    try:
+    with _outage(worker.node.work_engine, "UPDATE batch_partitions") as (failed, logged):
         execution = master.launch("ledger", {"run": 6})
-    finally:
-        logging.getLogger("dbcluster.node").removeHandler(logged)
     assert failed.count > 1 and logged.seen.is_set(), "the outage did not outlast the retries"
     assert execution.status is BatchStatus.COMPLETED, execution.exit_status
     rows = ledger_rows_of(backend, execution.id)
@@ -262,11 +268,8 @@ def test_a_completed_partition_whose_end_an_outage_kept_from_being_written_is_no
     # One partition at a time: the outage then hits only the first one's final write.
     worker = make_cluster(PATIENT.with_overrides(concurrency_limit=1), registry=registry)
     # The final write is the first to change a partition's status from the work connection.
-    failed, logged = _outage(worker.node.work_engine, "UPDATE batch_partitions SET status")
-    try:
+    with _outage(worker.node.work_engine, "UPDATE batch_partitions SET status") as (failed, logged):
         execution = master.launch("once", {"run": 7})
-    finally:
-        logging.getLogger("dbcluster.node").removeHandler(logged)
     assert failed.count > 1 and logged.seen.is_set(), "the outage did not outlast the retries"
     assert execution.status is BatchStatus.COMPLETED, execution.exit_status
     rows = ledger_rows_of(backend, execution.id)
