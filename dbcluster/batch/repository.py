@@ -122,6 +122,13 @@ _UPDATE_JOB_CONTEXT = (
 )
 
 
+def _step_and_context_update(engine: Engine) -> Any:
+    """The provider's one-statement write of a step's row and context, or None."""
+    from dbcluster.dialects import get_provider
+
+    return get_provider(engine).update_step_and_context(_UPDATE_STEP, _UPDATE_STEP_CONTEXT)
+
+
 def _execution_values(execution: Any, now: Any) -> dict[str, Any]:
     return {
         "b_id": execution.id,
@@ -199,6 +206,8 @@ class JobRepository:
         self.reader = reader or engine
         #: Step and job transactions, repeated on transient errors under ``retry``.
         self.transactions = Transactions(engine, retry)
+        #: A step's row and context in one statement, where the database can (None: two).
+        self._update_step_and_context = _step_and_context_update(engine)
 
     def step_version_is(
         self, execution: StepExecution, version: int
@@ -636,33 +645,50 @@ class JobRepository:
         return result
 
     def update_step_execution(
-        self, execution: StepExecution, conn: Connection | None = None
+        self, execution: StepExecution, conn: Connection | None = None, *, context: bool = False
     ) -> None:
-        """Persist status, exit status, times and counters; bumps ``version``."""
+        """Persist status, exit status, times and counters; bumps ``version``. ``context``: its
+        execution context too, in the same transaction (in the same statement where the
+        database can: a chunk's bookkeeping is then one round trip)."""
+        combined = self._update_step_and_context if context else None
         now = utcnow()
         values = _execution_values(execution, now)
         for name in COUNTER_NAMES:
             values[f"b_{name}"] = getattr(execution, name)
+        text = None
+        if context:
+            text = execution.execution_context.to_json()
+            values.update(_context_values(execution.id, text))
         with self.transaction(conn) as c:
-            if c.execute(_UPDATE_STEP, values).rowcount != 1:
+            if context and combined is None:
+                self._write_step_context(c, execution, values)
+            if c.execute(combined if combined is not None else _UPDATE_STEP, values).rowcount != 1:
                 raise OptimisticLockingFailureError(
                     f"step execution {execution.id} ({execution.step_name!r}, version "
-                    f"{execution.version}) was updated by someone else; this update was refused"
+                    f"{execution.version}) was updated by someone else"
+                    f"{' or its context no longer exists' if combined is not None else ''}; "
+                    f"this update was refused"
                 )
         execution.version += 1
         execution.last_updated = now
+        if text is not None:
+            execution.execution_context.mark_saved(text)
 
     def update_step_execution_context(
         self, execution: StepExecution, conn: Connection | None = None
     ) -> None:
         text = execution.execution_context.to_json()
         with self.transaction(conn) as c:
-            if c.execute(_UPDATE_STEP_CONTEXT, _context_values(execution.id, text)).rowcount != 1:
-                raise OptimisticLockingFailureError(
-                    f"the context of step execution {execution.id} ({execution.step_name!r}) "
-                    f"no longer exists"
-                )
+            self._write_step_context(c, execution, _context_values(execution.id, text))
         execution.execution_context.mark_saved(text)
+
+    @staticmethod
+    def _write_step_context(conn: Connection, execution: StepExecution, values: Any) -> None:
+        if conn.execute(_UPDATE_STEP_CONTEXT, values).rowcount != 1:
+            raise OptimisticLockingFailureError(
+                f"the context of step execution {execution.id} ({execution.step_name!r}) "
+                f"no longer exists"
+            )
 
     def fail_running(
         self,

@@ -29,10 +29,9 @@ def describe_failure(error: BaseException) -> str:
 
 def persist_step(step_execution: StepExecution, runtime: BatchRuntime, conn: Connection) -> None:
     """Write the step's context (if changed) and row in ``conn``'s transaction."""
-    repository = runtime.repository
-    if step_execution.execution_context.dirty:
-        repository.update_step_execution_context(step_execution, conn)
-    repository.update_step_execution(step_execution, conn)
+    runtime.repository.update_step_execution(
+        step_execution, conn, context=step_execution.execution_context.dirty
+    )
 
 
 def conclude_step(step_execution: StepExecution) -> None:

@@ -149,6 +149,9 @@ class QueryProvider:
     #: ``LISTEN``/``NOTIFY``: a placement wakes the nodes it assigned work to (see
     #: :meth:`open_listener`); without it nodes poll (adaptively).
     supports_listen_notify: ClassVar[bool] = False
+    #: Data-modifying statements in ``WITH`` (PostgreSQL's writable CTEs): one statement may update
+    #: two tables, so a chunk writes its step execution row and its context in one round trip.
+    supports_writable_cte: ClassVar[bool] = False
     #: The driver has an autocommit mode SQLAlchemy can set (``isolation_level="AUTOCOMMIT"``):
     #: single statements then cost one round trip. Without it they run in short transactions.
     supports_autocommit: ClassVar[bool] = True
@@ -294,6 +297,20 @@ class QueryProvider:
         step's page read): where the driver can switch to autocommit without a round trip, the
         read then costs one (no ``BEGIN``, no ``ROLLBACK``). Default: none."""
         return {}
+
+    def update_step_and_context(self, step_update: Update, context_update: Update) -> Update | None:
+        """One statement doing both of a step's per-chunk writes, where the database can
+        (:attr:`supports_writable_cte`): ``context_update`` of its context row in a ``WITH``,
+        ``step_update`` of its execution row only if that context row was updated, so one
+        row count (1) still tells that both took effect. The two share their bind parameters
+        (``b_id`` names the step execution in both). None: two statements."""
+        if not self.supports_writable_cte:
+            return None
+        sc = schema.step_execution_context
+        written = context_update.returning(sc.c.step_execution_id).cte("dbc_context")
+        return step_update.where(
+            schema.step_execution.c.step_execution_id.in_(select(written.c.step_execution_id))
+        )
 
     def in_transaction(self, dbapi_connection: Any) -> bool | None:
         """Whether the driver connection has a transaction open, where the driver knows it

@@ -50,6 +50,7 @@ class PostgreSQLProvider(QueryProvider):
     }
     supports_skip_locked = True
     supports_listen_notify = True
+    supports_writable_cte = True
     min_server_version = (13,)
 
     def now(self) -> ColumnElement[Any]:

@@ -13,6 +13,7 @@ from dbcluster.batch import (
     JobRepository,
     OptimisticLockingFailureError,
 )
+from dbcluster.dialects import get_provider
 
 
 def _params() -> JobParameters:
@@ -122,6 +123,39 @@ def test_counters_and_contexts_survive_a_new_engine(repo: JobRepository, backend
         assert fresh.job_execution.parameters == params
     finally:
         engine.dispose()
+
+
+def test_a_step_and_its_context_are_written_together_or_not_at_all(
+    repo: JobRepository, backend: Any
+) -> None:
+    """``update_step_execution(context=True)``: one statement on PostgreSQL (a writable CTE),
+    two elsewhere; either way both land, and a stale version lets neither land."""
+    params = _params()
+    je = repo.create_job_execution(repo.create_job_instance("job", params), params)
+    se = repo.create_step_execution(je, "step")
+    assert (repo._update_step_and_context is not None) == (
+        get_provider(backend.engine).supports_writable_cte
+    )
+    se.execution_context.put("reader.last_key", 7)
+    se.read_count = 3
+    repo.update_step_execution(se, context=True)
+    assert not se.execution_context.dirty and se.version == 1
+    stored = repo.get_step_execution(se.id)
+    assert stored is not None and stored.read_count == 3 and stored.version == 1
+    assert stored.execution_context["reader.last_key"] == 7
+
+    stale = repo.get_step_execution(se.id)
+    assert stale is not None
+    repo.update_step_execution(se)  # someone else moves the version on
+    stale.execution_context.put("reader.last_key", 99)
+    stale.read_count = 99
+    with pytest.raises(OptimisticLockingFailureError, match=rf"step execution {se.id}"):
+        with backend.engine.begin() as conn:
+            repo.update_step_execution(stale, conn, context=True)
+    assert stale.execution_context.dirty and stale.version == 1
+    stored = repo.get_step_execution(se.id)
+    assert stored is not None and stored.read_count == 3 and stored.version == 2
+    assert stored.execution_context["reader.last_key"] == 7
 
 
 def test_ids_without_returning(

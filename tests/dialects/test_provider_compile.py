@@ -247,3 +247,19 @@ def test_the_claim_writes_the_step_executions_status_as_the_repository_spells_it
 
     assert STEP_STARTED == BatchStatus.STARTED.value
     assert STEP_EXECUTING == ExitStatus.EXECUTING.code
+
+
+def test_only_postgresql_writes_a_step_and_its_context_in_one_statement() -> None:
+    from dbcluster.batch.repository import _UPDATE_STEP, _UPDATE_STEP_CONTEXT
+
+    combined = {
+        n: provider_for_name(n).update_step_and_context(_UPDATE_STEP, _UPDATE_STEP_CONTEXT)
+        for n in BUILTIN_NAMES
+    }
+    assert [n for n, stmt in combined.items() if stmt is not None] == ["postgresql"]
+    provider = provider_for_name("postgresql")
+    sql = str(combined["postgresql"].compile(dialect=provider.dialect))
+    assert sql.startswith("WITH dbc_context AS")
+    assert "UPDATE batch_step_execution_context SET" in sql
+    assert "RETURNING batch_step_execution_context.step_execution_id" in sql
+    assert "batch_step_execution.version = %(b_version)s" in sql
