@@ -28,6 +28,8 @@ __all__ = [
     "test_claim_changes_one_row_only_under_its_guard",
     "test_concurrent_claims_exactly_one_wins",
     "test_batched_claims_split_the_partitions_between_concurrent_claimers",
+    "test_a_claim_in_one_statement_gives_what_four_give",
+    "test_a_claim_passes_over_a_partition_another_transaction_holds",
     "test_a_poll_offers_own_partitions_and_those_it_may_steal",
     "test_removing_a_node_fences_what_it_claimed",
     "test_a_node_leaving_fences_what_it_still_has_claimed",
@@ -378,6 +380,94 @@ def test_batched_claims_split_the_partitions_between_concurrent_claimers(
     assert all(r[1] == "CLAIMED" and r[2] == "STARTED" and r[3] == 1 for r in rows), rows
     owners = {sid: node for node, got in won.items() for sid in got}
     assert {r[0] for r in rows} == set(owners.values())
+
+
+class _FourStatements:
+    """A provider as it is, except that it has no one-statement claim."""
+
+    def __init__(self, provider: QueryProvider) -> None:
+        self._provider = provider
+
+    def claim_and_start(self, *args: Any) -> None:
+        return None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._provider, name)
+
+
+def test_a_claim_in_one_statement_gives_what_four_give(dbc_backend: Any) -> None:
+    """Where the provider claims in one statement (:meth:`QueryProvider.claim_and_start`), the
+    claim writes and returns exactly what the four statements of the other path do."""
+    from dbcluster.cluster.store import CoordinationStore
+
+    engine, provider = dbc_backend.engine, _provider(dbc_backend)
+    stores = {"four": CoordinationStore(engine, _FourStatements(provider))}  # type: ignore[arg-type]
+    if provider.claim_and_start(1, [1], None) is not None:
+        stores["one"] = CoordinationStore(engine, provider)
+    _register(engine, provider, "suite-me")
+    started_at = datetime(2026, 1, 2, 3, 4, 5, 678000)
+    seen = {}
+    for name, store in stores.items():
+        _, ids = _place(engine, provider, "suite-me", count=2)
+        claimed = store.claim("suite-me", 1, [*ids, ids[0]], started_at)
+        assert [c.partition.step_execution_id for c in claimed] == ids
+        assert [c.partition.partition_name for c in claimed] == ["p0", "p1"]
+        assert {c.partition.worker_step_name for c in claimed} == {"suite.worker"}
+        rows = [dict(c.row) for c in claimed]
+        for row in rows:
+            assert (row["status"], row["exit_code"], int(row["version"])) == (
+                "STARTED",
+                "EXECUTING",
+                1,
+            ), row
+            assert _naive(row["start_time"]) == started_at, row
+        seen[name] = {k for row in rows for k in row}
+        assert store.claim("suite-me", 1, ids, started_at) == [], "claimed twice"
+        with engine.connect() as conn:
+            stored = conn.execute(
+                select(schema.step_execution.c.status, schema.step_execution.c.version).where(
+                    schema.step_execution.c.step_execution_id.in_(ids)
+                )
+            ).all()
+        assert sorted(tuple(r) for r in stored) == [("STARTED", 1), ("STARTED", 1)]
+        assert {_partition(engine, sid).status for sid in ids} == {"CLAIMED"}
+    assert len({frozenset(keys) for keys in seen.values()}) == 1, seen
+
+
+def test_a_claim_passes_over_a_partition_another_transaction_holds(dbc_backend: Any) -> None:
+    """A partition row another transaction holds (its master failing it) is skipped without
+    waiting where the database can skip locked rows, else claimed only as that transaction
+    leaves it (here: not at all); its step execution is never started."""
+    from dbcluster.cluster.store import CoordinationStore
+
+    engine, provider = dbc_backend.engine, _provider(dbc_backend)
+    _register(engine, provider, "suite-me")
+    _, (held, free) = _place(engine, provider, "suite-me", count=2)
+    store = CoordinationStore(engine, provider)
+    result: dict[str, Any] = {}
+    started_at = datetime.now(UTC).replace(tzinfo=None)
+    thread = threading.Thread(
+        target=lambda: result.update(won=store.claim("suite-me", 0, [held, free], started_at)),
+        daemon=True,
+    )
+    with engine.begin() as holder:
+        failed = holder.execute(
+            update(partitions).where(partitions.c.step_execution_id == held).values(status="FAILED")
+        )
+        assert failed.rowcount == 1
+        thread.start()
+        if provider.skip_locked():
+            thread.join(5)
+            assert not thread.is_alive(), "the claim waited for a row another transaction holds"
+    thread.join(30)
+    assert [c.partition.step_execution_id for c in result["won"]] == [free]
+    with engine.connect() as conn:
+        status = conn.execute(
+            select(schema.step_execution.c.status).where(
+                schema.step_execution.c.step_execution_id == held
+            )
+        ).scalar_one()
+    assert status != "STARTED" and _partition(engine, held).status == "FAILED"
 
 
 def test_a_poll_offers_own_partitions_and_those_it_may_steal(dbc_backend: Any) -> None:
