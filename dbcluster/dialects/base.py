@@ -948,18 +948,7 @@ class QueryProvider:
             .cte("dbc_started")
         )
         return (
-            select(
-                claimed.c.step_execution_id.label("p_id"),
-                claimed.c.master_step_execution_id.label("p_master_id"),
-                claimed.c.partition_name.label("p_name"),
-                claimed.c.attempt.label("p_attempt"),
-                claimed.c.max_attempts.label("p_max_attempts"),
-                claimed.c.transferable.label("p_transferable"),
-                job_coordination.c.worker_step_name.label("p_worker_step_name"),
-                *started.c,
-                sc.c.short_context,
-                sc.c.serialized_context,
-            )
+            select(*self._claimed_columns(claimed, started))
             .select_from(claimed)
             .join(started, started.c.step_execution_id == claimed.c.step_execution_id)
             .join(
@@ -970,23 +959,31 @@ class QueryProvider:
             .order_by(claimed.c.step_execution_id)
         )
 
+    @staticmethod
+    def _claimed_columns(claimed: Any, started: Any) -> list[Any]:
+        """What a claim reads back: of the partition (``claimed``: the table, or the rows a
+        claim returned), its worker step's name, its step execution (``started``) and that
+        execution's context."""
+        sc = schema.step_execution_context
+        return [
+            claimed.c.step_execution_id.label("p_id"),
+            claimed.c.master_step_execution_id.label("p_master_id"),
+            claimed.c.partition_name.label("p_name"),
+            claimed.c.attempt.label("p_attempt"),
+            claimed.c.max_attempts.label("p_max_attempts"),
+            claimed.c.transferable.label("p_transferable"),
+            job_coordination.c.worker_step_name.label("p_worker_step_name"),
+            *started.c,
+            sc.c.short_context,
+            sc.c.serialized_context,
+        ]
+
     def select_claimed(self, node_id: Any, step_execution_ids: Any) -> Select[Any]:
         """What the executor needs of the partitions a claim won, in one read: the partition,
         its worker step's name, its step execution and that execution's context."""
         se, sc = schema.step_execution, schema.step_execution_context
         return (
-            select(
-                partitions.c.step_execution_id.label("p_id"),
-                partitions.c.master_step_execution_id.label("p_master_id"),
-                partitions.c.partition_name.label("p_name"),
-                partitions.c.attempt.label("p_attempt"),
-                partitions.c.max_attempts.label("p_max_attempts"),
-                partitions.c.transferable.label("p_transferable"),
-                job_coordination.c.worker_step_name.label("p_worker_step_name"),
-                se,
-                sc.c.short_context,
-                sc.c.serialized_context,
-            )
+            select(*self._claimed_columns(partitions, se))
             .join(
                 job_coordination,
                 job_coordination.c.job_execution_id == partitions.c.job_execution_id,
