@@ -231,7 +231,7 @@ class Cluster:
         execution = self.launcher.create_execution(
             job, params, on_created=own, context=context, check=check
         )
-        execution.fence = Mastership(provider, self.node.store.execute, execution.id, identity)
+        execution.fence = Mastership(self.node.store, execution.id, identity)
         points.reach("master.after_create_execution", job_execution=execution)
         return execution
 
@@ -499,10 +499,8 @@ class Cluster:
         thread.start()
 
     def _run_taken_over(self, job: StrandedJob, identity: Identity, lost_master: str) -> None:
-        store, provider = self.node.store, self.node.store.provider
-        mastership = Mastership(
-            provider, store.execute, job.job_execution_id, identity, job.master_epoch
-        )
+        store = self.node.store
+        mastership = Mastership(store, job.job_execution_id, identity, job.master_epoch)
         try:
             with self.node.mastering():
                 started = self.handler._patiently(

@@ -11,17 +11,18 @@ claim or commits nothing.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, bindparam
 
 from dbcluster.batch.domain import JobExecution
 from dbcluster.batch.fence import FencedError
 from dbcluster.batch.status import BatchStatus
 from dbcluster.cluster.identity import Identity
-from dbcluster.dialects import QueryProvider
 from dbcluster.dialects.base import COORD_COMPLETED, COORD_FAILED
+
+if TYPE_CHECKING:
+    from dbcluster.cluster.store import CoordinationStore
 
 
 class MastershipLostError(FencedError):
@@ -35,14 +36,13 @@ class Mastership:
 
     def __init__(
         self,
-        provider: QueryProvider,
-        execute: Callable[[Connection, Any], int],
+        store: CoordinationStore,
         job_execution_id: int,
         identity: Identity,
         epoch: int = 1,
     ) -> None:
-        self.provider = provider
-        self._execute = execute
+        self.store = store
+        self.provider = store.provider
         self.job_execution_id = job_execution_id
         self.identity = identity
         self.epoch = epoch
@@ -66,10 +66,21 @@ class Mastership:
         if self.identity.is_fenced:
             raise self.lost(f"the node is fenced ({self.identity.fence_reason})")
 
+    def _guard(self) -> dict[str, Any]:
+        return {"b_id": self.job_execution_id, "b_node": self.node_id, "b_epoch": self.epoch}
+
     def hold(self, conn: Connection) -> None:
         self.check()
-        stmt = self.provider.hold_mastership(self.job_execution_id, self.node_id, self.epoch)
-        if self._execute(conn, stmt) != 1:
+        provider = self.provider
+        held = self.store.run(
+            conn,
+            "hold mastership",
+            lambda: provider.hold_mastership(
+                bindparam("b_id"), bindparam("b_node"), bindparam("b_epoch")
+            ),
+            self._guard(),
+        )
+        if held != 1:
             raise self.lost("its coordination row moved")
 
     def finish(self, conn: Connection, execution: Any) -> None:
@@ -80,17 +91,33 @@ class Mastership:
             return
         self.check()
         status = COORD_COMPLETED if execution.status is BatchStatus.COMPLETED else COORD_FAILED
-        stmt = self.provider.finish_mastership(
-            self.job_execution_id, self.node_id, self.epoch, status
+        provider = self.provider
+        finished = self.store.run(
+            conn,
+            ("finish mastership", status),
+            lambda: provider.finish_mastership(
+                bindparam("b_id"), bindparam("b_node"), bindparam("b_epoch"), status
+            ),
+            self._guard(),
         )
-        if self._execute(conn, stmt) != 1:
+        if finished != 1:
             raise self.lost("its coordination row moved")
 
     def place(self, conn: Connection, master_step_execution_id: int, worker_step: str) -> None:
         """Hold the row while pointing it at the partitioned step being placed (STARTED)."""
         self.check()
-        stmt = self.provider.place_coordination(
-            self.job_execution_id, self.node_id, self.epoch, master_step_execution_id, worker_step
+        provider = self.provider
+        placed = self.store.run(
+            conn,
+            "place coordination",
+            lambda: provider.place_coordination(
+                bindparam("b_id"),
+                bindparam("b_node"),
+                bindparam("b_epoch"),
+                bindparam("b_master"),
+                bindparam("b_worker_step"),
+            ),
+            {**self._guard(), "b_master": master_step_execution_id, "b_worker_step": worker_step},
         )
-        if self._execute(conn, stmt) != 1:
+        if placed != 1:
             raise self.lost("its coordination row moved")
