@@ -329,7 +329,8 @@ class CoordinationStore:
         self.transaction(work, "deregister")
 
     def nodes(self, status: str | None = NODE_ACTIVE) -> list[NodeInfo]:
-        rows = self._rows(self.provider.select_nodes(status), "nodes")
+        stmt = self.prepared(("nodes", status), lambda: self.provider.select_nodes(status))
+        rows = self._rows(stmt, "nodes")
         return [
             NodeInfo(r.node_id, r.host, r.status, r.current_load, r.capacity, r.last_heartbeat)
             for r in rows
@@ -508,9 +509,10 @@ class CoordinationStore:
     # --- partitions (master side) ---------------------------------------------------------------
 
     def orphans(self, master_step_execution_id: int) -> list[OrphanedPartition]:
-        rows = self._rows(
-            self.provider.select_orphaned_partitions(master_step_execution_id), "orphans"
+        stmt = self.prepared(
+            "orphans", lambda: self.provider.select_orphaned_partitions(bindparam("b_master"))
         )
+        rows = self._rows(stmt, "orphans", {"b_master": master_step_execution_id})
         return [
             OrphanedPartition(
                 r.step_execution_id,
@@ -736,7 +738,10 @@ class CoordinationStore:
                 return total
 
     def counts(self, master_step_execution_id: int) -> dict[str, int]:
-        rows = self._rows(self.provider.select_partition_counts(master_step_execution_id), "counts")
+        stmt = self.prepared(
+            "counts", lambda: self.provider.select_partition_counts(bindparam("b_master"))
+        )
+        rows = self._rows(stmt, "counts", {"b_master": master_step_execution_id})
         return {r[0]: int(r[1]) for r in rows}
 
     def in_flight(self, job_execution_id: int, conn: Connection | None = None) -> int:
@@ -750,8 +755,9 @@ class CoordinationStore:
         """Place PENDING partitions in the caller's transaction, at most the provider's
         ``partition_write_batch`` rows a statement (SQL Server escalates a statement's row
         locks to a table lock past about 5,000)."""
+        stmt = self.prepared("insert partitions", self.provider.insert_partitions)
         for batch in in_batches(rows, self.provider.partition_write_batch):
-            conn.execute(self.provider.insert_partitions(), batch)
+            conn.execute(stmt, batch)
 
     def _fail_job_partitions(self, conn: Connection, job_execution_id: int) -> list[int]:
         """FAILED for every in-flight partition of a job execution, in the caller's transaction,
@@ -768,7 +774,10 @@ class CoordinationStore:
         return failed
 
     def partitions(self, master_step_execution_id: int) -> list[Any]:
-        return list(self._rows(self.provider.select_partitions(master_step_execution_id), "list"))
+        stmt = self.prepared(
+            "partitions", lambda: self.provider.select_partitions(bindparam("b_master"))
+        )
+        return list(self._rows(stmt, "list", {"b_master": master_step_execution_id}))
 
     # --- job coordination -----------------------------------------------------------------------
 
