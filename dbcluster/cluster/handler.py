@@ -167,7 +167,11 @@ class ClusterPartitionHandler:
                 type(self.strategy).__name__,
             )
             node.events.placed(mastership.node_id, job_execution.id, master.id, placement)
-            node.wake()
+            # A master that is also a worker starts what it placed on itself without a poll.
+            node.offer(
+                mastership.node_id,
+                [w.step_execution.id for w in works if placement[w.name] == mastership.node_id],
+            )
         with node.mastering():
             try:
                 self._monitor(step, master, mastership)
@@ -223,7 +227,10 @@ class ClusterPartitionHandler:
                         for w in works
                     ],
                 )
-                store.wake_nodes(conn, placement.values())
+                placed_on: dict[str, list[int]] = {}
+                for w in works:
+                    placed_on.setdefault(placement[w.name], []).append(w.step_execution.id)
+                store.wake_nodes(conn, placement.values(), placed_on)
             placed["result"] = (works, placement)
             return works, placement
 

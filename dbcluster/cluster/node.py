@@ -24,7 +24,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -324,6 +324,12 @@ class Node:
         """Poll now (a master just placed partitions)."""
         if self.worker is not None:
             self.worker.wake()
+
+    def offer(self, node_id: str, step_execution_ids: Sequence[int]) -> None:
+        """Partitions just placed on ``node_id`` (this node, under that identity): claim them
+        now, without polling for them first; none: poll now."""
+        if self.worker is not None:
+            self.worker.offer(node_id, step_execution_ids)
 
     @contextmanager
     def mastering(self) -> Iterator[None]:

@@ -3,9 +3,10 @@
 Where the database has LISTEN/NOTIFY (PostgreSQL), the transaction that places partitions on a
 node (a launch's placement, a master's move of an orphan) notifies that node's channel; the
 notification is delivered when it commits. Each node keeps one listening connection and wakes
-its poller on every notification. Polling stays the fallback: a notification lost with a
-dropped connection costs at most one poll interval, and the listener reconnects (after a pause
-of one heartbeat interval) while the node polls on.
+its poller on every notification; a notification names the partitions placed on the node (as
+many as its payload holds), which the node claims without polling for them first. Polling stays
+the fallback: a notification lost with a dropped connection costs at most one poll interval, and
+the listener reconnects (after a pause of one heartbeat interval) while the node polls on.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import Engine
 
 from dbcluster.cluster.service import Service
+from dbcluster.cluster.store import offered_ids
 from dbcluster.dialects import get_provider
 from dbcluster.dialects.base import Listener
 
@@ -55,8 +57,10 @@ class Notifier(Service):
                 self._channel = channel
                 # Work placed before the listener was up is found by this poll.
                 self.node.wake()
-            if self._listener.wait(WAIT_S):
-                self.node.wake()
+            payloads = self._listener.wait(WAIT_S)
+            if payloads is not None:
+                ids = [sid for payload in payloads for sid in offered_ids(payload)]
+                self.node.offer(identity.node_id, ids)
         except Exception as exc:  # noqa: BLE001 - the node polls meanwhile
             log.warning("node %s lost its wake-up listener: %s", identity.node_id, exc)
             self._close()

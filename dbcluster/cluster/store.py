@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
@@ -119,6 +119,28 @@ class StrandedJob:
     master_epoch: int
     master_step_execution_id: int
     status: str
+
+
+def offer_payload(step_execution_ids: Iterable[int], limit: int) -> str:
+    """A wake-up's payload: the ids placed on the node, comma-separated, as many as fit in
+    ``limit`` bytes (the node polls for the rest)."""
+    text = ""
+    for sid in step_execution_ids:
+        item = f"{text and ','}{int(sid)}"
+        if len(text) + len(item) > limit:
+            break
+        text += item
+    return text
+
+
+def offered_ids(payload: str) -> list[int]:
+    """The step execution ids a wake-up's payload names (none for an empty or foreign one)."""
+    ids = []
+    for item in payload.split(","):
+        item = item.strip()
+        if item.isdigit():
+            ids.append(int(item))
+    return ids
 
 
 class CoordinationStore:
@@ -604,18 +626,39 @@ class CoordinationStore:
         )
         return self.transaction(work, "reassign", lambda conn: True if verify(conn) else None)
 
-    def wake_nodes(self, conn: Connection, node_ids: Iterable[str]) -> None:
+    def wake_nodes(
+        self,
+        conn: Connection,
+        node_ids: Iterable[str],
+        placed: Mapping[str, Sequence[int]] | None = None,
+    ) -> None:
         """In the caller's transaction (which placed work on them): wake these nodes' pollers
-        when it commits, where the database has LISTEN/NOTIFY (elsewhere they poll)."""
+        when it commits, where the database has LISTEN/NOTIFY (elsewhere they poll). With
+        ``placed`` (node -> step execution ids placed on it), each wake-up names what it
+        placed, as many as fit: the node claims those without polling first."""
         provider = self.provider
         if not provider.supports_listen_notify:
             return
-        channels = sorted({provider.wake_channel(node_id) for node_id in node_ids})
-        if channels:
+        woken = sorted(set(node_ids))
+        if not woken:
+            return
+        channels = [provider.wake_channel(node_id) for node_id in woken]
+        if placed is None or not provider.notify_payload_max:
             stmt = self.prepared(
                 "notify", lambda: provider.notify(provider.notify_parameter("b_channels"))
             )
             conn.execute(stmt, {"b_channels": channels})
+            return
+        payloads = [
+            offer_payload(placed.get(node_id, ()), provider.notify_payload_max) for node_id in woken
+        ]
+        stmt = self.prepared(
+            "notify with offers",
+            lambda: provider.notify(
+                provider.notify_parameter("b_channels"), provider.notify_parameter("b_payloads")
+            ),
+        )
+        conn.execute(stmt, {"b_channels": channels, "b_payloads": payloads})
 
     def fail_orphan(
         self,

@@ -12,6 +12,11 @@ any live node may claim it through the same guarded claim (exactly one claim win
 its node has not heartbeaten for ``unreachable_threshold`` (or is gone), else once it waited
 ``work_stealing_delay`` unclaimed.
 
+**Offers.** A wake-up names the partitions its placement put on this node (see
+:mod:`dbcluster.cluster.notifier`; a master that is also a worker offers its own): those are
+claimed first, without a poll; an offer another node took meanwhile is simply not won, and a
+claim that won fewer than it was offered polls at once for the rest.
+
 **When it polls.** At once when woken: a completion on this node while more work was waiting, a
 notification that work was placed on it (see :mod:`dbcluster.cluster.notifier`), or a master on
 this node that placed some. Otherwise the interval adapts: short after a poll that found work,
@@ -22,6 +27,8 @@ interval and a busy one picks up follow-on work within tens of milliseconds.
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from dbcluster.batch.domain import utcnow
@@ -55,6 +62,11 @@ class Worker(Service):
         self.capacity = node.capacity
         self.executor = Executor(node, self._slot_freed)
         self._backlog = False
+        #: Partitions a wake-up named (placed on this node under ``_offered_to``), oldest
+        #: first, not yet claimed: the next claims take them without a poll.
+        self._offers: dict[int, None] = {}
+        self._offered_to: str | None = None
+        self._offers_lock = threading.Lock()
 
     @property
     def load(self) -> int:
@@ -63,6 +75,30 @@ class Worker(Service):
     def _slot_freed(self) -> None:
         if self._backlog:
             self.wake()
+
+    def offer(self, node_id: str, step_execution_ids: Sequence[int]) -> None:
+        """Partitions placed on this node as ``node_id``: claim them next, without a poll (a
+        claim still checks each one; one taken or moved meanwhile is simply not won). Wakes
+        the poller either way."""
+        with self._offers_lock:
+            if node_id != self._offered_to:
+                self._offers.clear()
+                self._offered_to = node_id
+            self._offers.update(dict.fromkeys(step_execution_ids))
+        self.wake()
+
+    def _take_offers(self, node_id: str, limit: int) -> list[int]:
+        with self._offers_lock:
+            if node_id != self._offered_to:
+                self._offers.clear()
+                return []
+            taken: list[int] = []
+            while self._offers and len(taken) < limit:
+                step_execution_id = next(iter(self._offers))
+                del self._offers[step_execution_id]
+                if not self.executor.holds(step_execution_id):
+                    taken.append(step_execution_id)
+            return taken
 
     # --- poll and claim -------------------------------------------------------------------------
 
@@ -79,20 +115,24 @@ class Worker(Service):
             self.interval_ms = min(self.idle_interval_ms, self.interval_ms * 2)
 
     def _claim(self, identity: Identity, free: int) -> bool:
-        """Poll and claim once; True when anything was found."""
+        """Claim once what a wake-up offered, else what a poll finds; True when anything was
+        found."""
         s = self.settings
-        polled = [
-            step_execution_id
-            for step_execution_id in self.store.poll(
-                identity.node_id,
-                free,
-                steal_after_ms=s.work_stealing_delay,
-                unreachable_ms=s.unreachable_threshold,
-            )
-            if not self.executor.holds(step_execution_id)
-        ]
+        polled = self._take_offers(identity.node_id, free)
+        offered = bool(polled)
+        if not offered:
+            polled = [
+                step_execution_id
+                for step_execution_id in self.store.poll(
+                    identity.node_id,
+                    free,
+                    steal_after_ms=s.work_stealing_delay,
+                    unreachable_ms=s.unreachable_threshold,
+                )
+                if not self.executor.holds(step_execution_id)
+            ]
         # More may be waiting: poll again as soon as a slot frees up.
-        self._backlog = len(polled) >= free
+        self._backlog = len(polled) >= free or bool(self._offers)
         if not polled:
             return False
         points.reach("node.between_poll_and_claim", node_id=identity.node_id, partitions=polled)
@@ -103,6 +143,8 @@ class Worker(Service):
         except NodeRemovedError as exc:
             self.node.fence(identity, str(exc))
             return True
+        if offered and len(won) < len(polled):
+            self.wake()  # some offers were taken or moved meanwhile: poll for what else waits
         events = self.node.events
         for claimed in won:
             p = claimed.partition

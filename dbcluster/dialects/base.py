@@ -109,8 +109,9 @@ class SessionLimits:
 class Listener(Protocol):
     """A connection listening for wake-ups (see :meth:`QueryProvider.open_listener`)."""
 
-    def wait(self, timeout: float) -> bool:
-        """Block up to ``timeout`` seconds; True when at least one notification arrived."""
+    def wait(self, timeout: float) -> list[str] | None:
+        """Block up to ``timeout`` seconds; the payloads of the notifications that arrived
+        (empty strings for those without one), or None when none did."""
         ...
 
     def close(self) -> None: ...
@@ -149,6 +150,9 @@ class QueryProvider:
     #: ``LISTEN``/``NOTIFY``: a placement wakes the nodes it assigned work to (see
     #: :meth:`open_listener`); without it nodes poll (adaptively).
     supports_listen_notify: ClassVar[bool] = False
+    #: The longest notification payload, in bytes (a wake-up names the partitions it placed
+    #: on the node, as many as fit).
+    notify_payload_max: ClassVar[int] = 0
     #: Data-modifying statements in ``WITH`` (PostgreSQL's writable CTEs): one statement may update
     #: two tables, so a chunk writes its step execution row and its context in one round trip.
     supports_writable_cte: ClassVar[bool] = False
@@ -1026,14 +1030,15 @@ class QueryProvider:
 
         return "dbcluster_" + hashlib.sha1(node_id.encode()).hexdigest()[:24]
 
-    def notify(self, channels: Any) -> Any:
+    def notify(self, channels: Any, payloads: Any = None) -> Any:
         """One statement that wakes the listeners of every channel in ``channels`` (a parameter
         made by :meth:`notify_parameter`) once its transaction commits (only where
-        :attr:`supports_listen_notify`)."""
+        :attr:`supports_listen_notify`); with ``payloads`` (a parameter of the same kind, one
+        text per channel, at most :attr:`notify_payload_max` bytes) each carries its own."""
         raise NotImplementedError(f"{self.name} has no LISTEN/NOTIFY")
 
     def notify_parameter(self, name: str) -> Any:
-        """The bound parameter :meth:`notify` takes its list of channels in."""
+        """The bound parameter :meth:`notify` takes its list of channels (or payloads) in."""
         raise NotImplementedError(f"{self.name} has no LISTEN/NOTIFY")
 
     def open_listener(self, engine: Engine, channel: str) -> Listener:

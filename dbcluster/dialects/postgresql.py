@@ -50,6 +50,8 @@ class PostgreSQLProvider(QueryProvider):
     }
     supports_skip_locked = True
     supports_listen_notify = True
+    #: NOTIFY's limit is 8,000 bytes in the default configuration.
+    notify_payload_max = 7900
     supports_writable_cte = True
     min_server_version = (13,)
 
@@ -92,12 +94,19 @@ class PostgreSQLProvider(QueryProvider):
 
     # --- wake-ups -------------------------------------------------------------------------------
 
-    def notify(self, channels: Any) -> Select[Any]:
-        """``pg_notify`` on each channel of the (array) parameter, in one statement; delivered
-        when the transaction commits."""
+    def notify(self, channels: Any, payloads: Any = None) -> Select[Any]:
+        """``pg_notify`` on each channel of the (array) parameter, in one statement, with the
+        payload at the same place of ``payloads`` (or none); delivered when the transaction
+        commits."""
         channel = column("channel", Text())
-        names = func.unnest(channels).table_valued(channel).render_derived()
-        return select(func.count(func.pg_notify(names.c.channel, ""))).select_from(names)
+        if payloads is None:
+            names = func.unnest(channels).table_valued(channel).render_derived()
+            return select(func.count(func.pg_notify(names.c.channel, ""))).select_from(names)
+        payload = column("payload", Text())
+        pairs = func.unnest(channels, payloads).table_valued(channel, payload).render_derived()
+        return select(func.count(func.pg_notify(pairs.c.channel, pairs.c.payload))).select_from(
+            pairs
+        )
 
     def notify_parameter(self, name: str) -> Any:
         from sqlalchemy import bindparam
@@ -129,21 +138,21 @@ class _PostgreSQLListener:
             raise
         self._driver = driver
 
-    def wait(self, timeout: float) -> bool:
+    def wait(self, timeout: float) -> list[str] | None:
         driver = self._driver
         notifies = getattr(driver, "notifies", None)
         if callable(notifies):  # psycopg 3.2 and later
-            for _ in notifies(timeout=timeout, stop_after=1):
-                return True
-            return False
+            for notify in notifies(timeout=timeout, stop_after=1):
+                return [notify.payload]
+            return None
         # psycopg2: wait for the socket, then let the driver read what arrived.
         if not driver.notifies:
             ready, _, _ = select_module.select([driver], [], [], timeout)
             if ready:
                 driver.poll()
-        woke = bool(driver.notifies)
+        payloads = [getattr(n, "payload", "") for n in driver.notifies]
         driver.notifies.clear()
-        return woke
+        return payloads or None
 
     def close(self) -> None:
         self._raw.invalidate()

@@ -159,6 +159,72 @@ def test_a_placement_wakes_the_node_it_placed_on(backend: Backend, make_cluster:
     assert execution.status is BatchStatus.COMPLETED, execution.exit_status
 
 
+def _count_polls(cluster: Any) -> list[int]:
+    polls: list[int] = []
+    poll = cluster.node.store.poll
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        found = poll(*args, **kwargs)
+        polls.append(len(found))
+        return found
+
+    cluster.node.store.poll = counting
+    return polls
+
+
+@pytest.mark.backends("postgresql")
+def test_a_wake_up_names_what_it_placed_and_the_node_claims_it_without_polling(
+    backend: Backend, make_cluster: Any
+) -> None:
+    """The placement's notification carries the ids it put on the node: the woken node claims
+    them at once; no poll finds them (a poll after a freed slot may still look for more)."""
+    settings = FAST_SETTINGS.with_overrides(task_polling_interval=10_000)
+    master = make_cluster(settings, work=False)
+    worker = make_cluster(settings)
+    assert worker.node.worker is not None
+    wait_for(lambda: worker.node.worker.interval_ms == 10_000, what="the worker's poll to relax")
+    wait_for(lambda: _listening(backend) >= 1, what="the worker to listen")
+    polls = _count_polls(worker)
+    execution = _launch(master, {"run": 7}, within=5.0)
+    assert execution.status is BatchStatus.COMPLETED, execution.exit_status
+    assert len(_rows(backend)) == 4
+    assert sum(polls) == 0, f"a poll found ({polls}) what the wake-up named"
+
+
+def test_a_master_that_is_also_a_worker_claims_what_it_placed_on_itself_without_polling(
+    backend: Backend, make_cluster: Any
+) -> None:
+    settings = FAST_SETTINGS.with_overrides(task_polling_interval=10_000)
+    master = make_cluster(settings)
+    assert master.node.worker is not None
+    wait_for(lambda: master.node.worker.interval_ms == 10_000, what="the node's poll to relax")
+    polls = _count_polls(master)
+    execution = _launch(master, {"run": 8}, within=5.0)
+    assert execution.status is BatchStatus.COMPLETED, execution.exit_status
+    rows = _rows(backend)
+    assert len(rows) == 4 and {r.assigned_node for r in rows} == {master.node.node_id}
+    assert sum(polls) == 0, f"a poll found ({polls}) what the master had placed on itself"
+
+
+def test_an_offer_another_node_took_is_not_won_and_the_node_polls_for_the_rest(
+    backend: Backend, make_cluster: Any
+) -> None:
+    """An offer is a hint, not a claim: one already taken wins nothing, and the node then polls
+    for what else waits."""
+    master = make_cluster(NO_REMOVAL, work=False)
+    worker = make_cluster(NO_REMOVAL)
+    assert worker.node.worker is not None
+    polls = _count_polls(worker)
+    execution = _launch(master, {"run": 9}, within=15.0)
+    assert execution.status is BatchStatus.COMPLETED, execution.exit_status
+    done = [r.step_execution_id for r in _rows(backend)]
+    polls.clear()
+    worker.node.offer(worker.node.node_id, done)
+    wait_for(lambda: polls, what="a poll after offers that won nothing")
+    assert {r.status for r in _rows(backend)} == {"COMPLETED"}
+    assert len(ledger_rows(backend)) == 4, "an offered partition ran again"
+
+
 @pytest.mark.backends("postgresql")
 def test_a_dropped_listener_reconnects_and_wakes_again(backend: Backend, make_cluster: Any) -> None:
     settings = FAST_SETTINGS.with_overrides(task_polling_interval=10_000)

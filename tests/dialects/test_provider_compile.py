@@ -263,3 +263,23 @@ def test_only_postgresql_writes_a_step_and_its_context_in_one_statement() -> Non
     assert "UPDATE batch_step_execution_context SET" in sql
     assert "RETURNING batch_step_execution_context.step_execution_id" in sql
     assert "batch_step_execution.version = %(b_version)s" in sql
+
+
+def test_a_wake_up_can_carry_the_ids_it_placed() -> None:
+    from dbcluster.cluster.store import offer_payload, offered_ids
+
+    provider = provider_for_name("postgresql")
+    sql = str(
+        provider.notify(
+            provider.notify_parameter("b_channels"), provider.notify_parameter("b_payloads")
+        ).compile(dialect=provider.dialect)
+    )
+    assert "pg_notify(anon_1.channel, anon_1.payload)" in sql and "unnest(" in sql
+    assert 0 < provider.notify_payload_max < 8000, "PostgreSQL's payload limit is 8,000 bytes"
+    ids = list(range(1_000_000, 1_002_000))
+    payload = offer_payload(ids, provider.notify_payload_max)
+    assert len(payload.encode()) <= provider.notify_payload_max
+    named = offered_ids(payload)
+    assert named == ids[: len(named)] and len(named) > 900
+    assert offered_ids("") == [] and offered_ids("7,x,9") == [7, 9]
+    assert offer_payload([], 100) == ""
