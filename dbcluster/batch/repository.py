@@ -104,13 +104,12 @@ _INSERT_STEPS_RETURNING_IN_ORDER = insert(_SE).returning(
 _SELECT_INSTANCE = select(_JI).where(
     _JI.c.job_name == bindparam("b_name"), _JI.c.job_key == bindparam("b_key")
 )
+_STEP_CONTEXT_VALUES = {
+    "short_context": bindparam("b_short_context"),
+    "serialized_context": bindparam("b_serialized_context"),
+}
 _UPDATE_STEP_CONTEXT = (
-    update(_SC)
-    .where(_SC.c.step_execution_id == bindparam("b_id"))
-    .values(
-        short_context=bindparam("b_short_context"),
-        serialized_context=bindparam("b_serialized_context"),
-    )
+    update(_SC).where(_SC.c.step_execution_id == bindparam("b_id")).values(**_STEP_CONTEXT_VALUES)
 )
 _UPDATE_JOB_CONTEXT = (
     update(_JC)
@@ -126,7 +125,9 @@ def _step_and_context_update(engine: Engine) -> Any:
     """The provider's one-statement write of a step's row and context, or None."""
     from dbcluster.dialects import get_provider
 
-    return get_provider(engine).update_step_and_context(_UPDATE_STEP, _UPDATE_STEP_CONTEXT)
+    return get_provider(engine).update_step_and_context(
+        _UPDATE_STEP, _UPDATE_STEP_CONTEXT, _STEP_CONTEXT_VALUES
+    )
 
 
 def _execution_values(execution: Any, now: Any) -> dict[str, Any]:
@@ -206,8 +207,9 @@ class JobRepository:
         self.reader = reader or engine
         #: Step and job transactions, repeated on transient errors under ``retry``.
         self.transactions = Transactions(engine, retry)
-        #: A step's row and context in one statement, where the database can (None: two).
-        self._update_step_and_context = _step_and_context_update(engine)
+        #: A step's row and context in one statement, where the database can, and the row
+        #: count that says both took effect (None: two statements).
+        self._update_step_and_context = _step_and_context_update(engine) or (None, 1)
 
     def step_version_is(
         self, execution: StepExecution, version: int
@@ -650,7 +652,7 @@ class JobRepository:
         """Persist status, exit status, times and counters; bumps ``version``. ``context``: its
         execution context too, in the same transaction (in the same statement where the
         database can: a chunk's bookkeeping is then one round trip)."""
-        combined = self._update_step_and_context if context else None
+        combined, expected = self._update_step_and_context if context else (None, 1)
         now = utcnow()
         values = _execution_values(execution, now)
         for name in COUNTER_NAMES:
@@ -662,7 +664,8 @@ class JobRepository:
         with self.transaction(conn) as c:
             if context and combined is None:
                 self._write_step_context(c, execution, values)
-            if c.execute(combined if combined is not None else _UPDATE_STEP, values).rowcount != 1:
+            stmt = combined if combined is not None else _UPDATE_STEP
+            if c.execute(stmt, values).rowcount != expected:
                 raise OptimisticLockingFailureError(
                     f"step execution {execution.id} ({execution.step_name!r}, version "
                     f"{execution.version}) was updated by someone else"

@@ -12,7 +12,7 @@ and judges the row count.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ClassVar, Protocol
@@ -156,6 +156,9 @@ class QueryProvider:
     #: Data-modifying statements in ``WITH`` (PostgreSQL's writable CTEs): one statement may update
     #: two tables, so a chunk writes its step execution row and its context in one round trip.
     supports_writable_cte: ClassVar[bool] = False
+    #: ``UPDATE a, b SET a.x = ..., b.y = ... WHERE ...`` (MySQL, MariaDB): the same, one
+    #: statement changing rows of two tables, counting each row matched (``CLIENT_FOUND_ROWS``).
+    supports_multi_table_update: ClassVar[bool] = False
     #: The driver has an autocommit mode SQLAlchemy can set (``isolation_level="AUTOCOMMIT"``):
     #: single statements then cost one round trip. Without it they run in short transactions.
     supports_autocommit: ClassVar[bool] = True
@@ -302,19 +305,30 @@ class QueryProvider:
         read then costs one (no ``BEGIN``, no ``ROLLBACK``). Default: none."""
         return {}
 
-    def update_step_and_context(self, step_update: Update, context_update: Update) -> Update | None:
-        """One statement doing both of a step's per-chunk writes, where the database can
-        (:attr:`supports_writable_cte`): ``context_update`` of its context row in a ``WITH``,
-        ``step_update`` of its execution row only if that context row was updated, so one
-        row count (1) still tells that both took effect. The two share their bind parameters
-        (``b_id`` names the step execution in both). None: two statements."""
-        if not self.supports_writable_cte:
-            return None
-        sc = schema.step_execution_context
-        written = context_update.returning(sc.c.step_execution_id).cte("dbc_context")
-        return step_update.where(
-            schema.step_execution.c.step_execution_id.in_(select(written.c.step_execution_id))
-        )
+    def update_step_and_context(
+        self, step_update: Update, context_update: Update, context_values: Mapping[str, Any]
+    ) -> tuple[Update, int] | None:
+        """One statement doing both of a step's per-chunk writes, where the database can, and
+        the row count that says both took effect. ``step_update`` is the guarded UPDATE of the
+        step execution row; ``context_update`` the UPDATE of its context row (the two share
+        their bind parameters: ``b_id`` names the step execution in both) and
+        ``context_values`` its SET clause. With :attr:`supports_writable_cte` the context
+        update runs in a ``WITH`` and the step's row is updated only if it did (1 row); with
+        :attr:`supports_multi_table_update` one UPDATE joins both rows (2 rows matched). None:
+        two statements."""
+        se, sc = schema.step_execution, schema.step_execution_context
+        if self.supports_writable_cte:
+            written = context_update.returning(sc.c.step_execution_id).cte("dbc_context")
+            return (
+                step_update.where(se.c.step_execution_id.in_(select(written.c.step_execution_id))),
+                1,
+            )
+        if self.supports_multi_table_update:
+            both = step_update.where(sc.c.step_execution_id == se.c.step_execution_id).values(
+                {sc.c[name]: value for name, value in context_values.items()}
+            )
+            return both, 2
+        return None
 
     def in_transaction(self, dbapi_connection: Any) -> bool | None:
         """Whether the driver connection has a transaction open, where the driver knows it

@@ -49,6 +49,7 @@ class MySQLProvider(QueryProvider):
     }
     #: MySQL 8.0 and MariaDB 10.6 (the oldest supported) both have SKIP LOCKED.
     supports_skip_locked = True
+    supports_multi_table_update = True
     min_server_version = (8, 0)
     text_collation = "utf8mb4_bin"
     #: Each DDL statement commits on its own.

@@ -41,6 +41,20 @@ def _commits(engine: Any) -> Counter[str]:
     return counted
 
 
+def _sizes(cluster: Any, method: str) -> list[int]:
+    """How many partitions each call of the node's store ``method`` (poll, claim) returned."""
+    sizes: list[int] = []
+    original = getattr(cluster.node.store, method)
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        found = original(*args, **kwargs)
+        sizes.append(len(found))
+        return found
+
+    setattr(cluster.node.store, method, counting)
+    return sizes
+
+
 def ledger_rows(backend: Backend) -> list[Any]:
     with backend.engine.connect() as conn:
         return conn.execute(select(ledger)).all()
@@ -79,15 +93,7 @@ def test_one_claim_takes_as_many_partitions_as_the_node_has_room_for(
 ) -> None:
     master = make_cluster(work=False)
     worker = make_cluster()
-    claims: list[int] = []
-    claim = worker.node.store.claim
-
-    def counting(*args: Any, **kwargs: Any) -> Any:
-        won = claim(*args, **kwargs)
-        claims.append(len(won))
-        return won
-
-    worker.node.store.claim = counting  # type: ignore[method-assign]
+    claims = _sizes(worker, "claim")
     assert worker.node.worker is not None
     gate = _Gate(worker.node.worker)
     run = in_thread(lambda: master.launch("ledger", {"run": 2, "delay_ms": 200}))
@@ -159,19 +165,6 @@ def test_a_placement_wakes_the_node_it_placed_on(backend: Backend, make_cluster:
     assert execution.status is BatchStatus.COMPLETED, execution.exit_status
 
 
-def _count_polls(cluster: Any) -> list[int]:
-    polls: list[int] = []
-    poll = cluster.node.store.poll
-
-    def counting(*args: Any, **kwargs: Any) -> Any:
-        found = poll(*args, **kwargs)
-        polls.append(len(found))
-        return found
-
-    cluster.node.store.poll = counting
-    return polls
-
-
 @pytest.mark.backends("postgresql")
 def test_a_wake_up_names_what_it_placed_and_the_node_claims_it_without_polling(
     backend: Backend, make_cluster: Any
@@ -184,7 +177,7 @@ def test_a_wake_up_names_what_it_placed_and_the_node_claims_it_without_polling(
     assert worker.node.worker is not None
     wait_for(lambda: worker.node.worker.interval_ms == 10_000, what="the worker's poll to relax")
     wait_for(lambda: _listening(backend) >= 1, what="the worker to listen")
-    polls = _count_polls(worker)
+    polls = _sizes(worker, "poll")
     execution = _launch(master, {"run": 7}, within=5.0)
     assert execution.status is BatchStatus.COMPLETED, execution.exit_status
     assert len(_rows(backend)) == 4
@@ -198,7 +191,7 @@ def test_a_master_that_is_also_a_worker_claims_what_it_placed_on_itself_without_
     master = make_cluster(settings)
     assert master.node.worker is not None
     wait_for(lambda: master.node.worker.interval_ms == 10_000, what="the node's poll to relax")
-    polls = _count_polls(master)
+    polls = _sizes(master, "poll")
     execution = _launch(master, {"run": 8}, within=5.0)
     assert execution.status is BatchStatus.COMPLETED, execution.exit_status
     rows = _rows(backend)
@@ -214,7 +207,7 @@ def test_an_offer_another_node_took_is_not_won_and_the_node_polls_for_the_rest(
     master = make_cluster(NO_REMOVAL, work=False)
     worker = make_cluster(NO_REMOVAL)
     assert worker.node.worker is not None
-    polls = _count_polls(worker)
+    polls = _sizes(worker, "poll")
     execution = _launch(master, {"run": 9}, within=15.0)
     assert execution.status is BatchStatus.COMPLETED, execution.exit_status
     done = [r.step_execution_id for r in _rows(backend)]

@@ -249,20 +249,38 @@ def test_the_claim_writes_the_step_executions_status_as_the_repository_spells_it
     assert STEP_EXECUTING == ExitStatus.EXECUTING.code
 
 
-def test_only_postgresql_writes_a_step_and_its_context_in_one_statement() -> None:
-    from dbcluster.batch.repository import _UPDATE_STEP, _UPDATE_STEP_CONTEXT
+def test_a_step_and_its_context_are_one_statement_where_the_database_allows() -> None:
+    from dbcluster.batch.repository import (
+        _STEP_CONTEXT_VALUES,
+        _UPDATE_STEP,
+        _UPDATE_STEP_CONTEXT,
+    )
 
     combined = {
-        n: provider_for_name(n).update_step_and_context(_UPDATE_STEP, _UPDATE_STEP_CONTEXT)
+        n: provider_for_name(n).update_step_and_context(
+            _UPDATE_STEP, _UPDATE_STEP_CONTEXT, _STEP_CONTEXT_VALUES
+        )
         for n in BUILTIN_NAMES
     }
-    assert [n for n, stmt in combined.items() if stmt is not None] == ["postgresql"]
-    provider = provider_for_name("postgresql")
-    sql = str(combined["postgresql"].compile(dialect=provider.dialect))
-    assert sql.startswith("WITH dbc_context AS")
+    assert sorted(n for n, found in combined.items() if found is not None) == [
+        "mariadb",
+        "mysql",
+        "postgresql",
+    ]
+    stmt, rows = combined["postgresql"]  # type: ignore[misc]
+    sql = str(stmt.compile(dialect=provider_for_name("postgresql").dialect))
+    assert rows == 1 and sql.startswith("WITH dbc_context AS")
     assert "UPDATE batch_step_execution_context SET" in sql
     assert "RETURNING batch_step_execution_context.step_execution_id" in sql
     assert "batch_step_execution.version = %(b_version)s" in sql
+    for name in ("mysql", "mariadb"):
+        stmt, rows = combined[name]  # type: ignore[misc]
+        sql = str(stmt.compile(dialect=provider_for_name(name).dialect))
+        assert rows == 2
+        assert sql.startswith("UPDATE batch_step_execution, batch_step_execution_context SET")
+        assert "batch_step_execution_context.short_context=" in sql
+        assert "batch_step_execution_context.step_execution_id = " in sql
+        assert "batch_step_execution.version = " in sql
 
 
 def test_a_wake_up_can_carry_the_ids_it_placed() -> None:
