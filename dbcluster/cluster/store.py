@@ -222,10 +222,13 @@ class CoordinationStore:
         work: Callable[[Connection], T],
         what: str,
         verify: Callable[[Connection], T | None] | None = None,
+        *,
+        engine: Engine | None = None,
     ) -> T:
         """Run ``work`` in one transaction, repeating it on transient errors. After an error the
         first try may have committed: ``verify`` (when given) reads the outcome from the rows
-        and its non-None answer is returned instead of repeating ``work``."""
+        and its non-None answer is returned instead of repeating ``work``. ``engine``: the
+        autocommit engine, for a ``work`` that is one statement (it commits on its own)."""
         delay = self.backoff_s
         retried = False
         for attempt in range(self.retries + 1):
@@ -235,6 +238,9 @@ class CoordinationStore:
                         found = verify(conn)
                     if found is not None:
                         return found
+                if engine is not None:
+                    with engine.connect() as conn:
+                        return work(conn)
                 with self.engine.begin() as conn:
                     return work(conn)
             except Exception as exc:
@@ -395,9 +401,9 @@ class CoordinationStore:
         removal waits for the claim to commit), lock those still PENDING (skipping rows another
         claimer holds, where the database can), move them to CLAIMED by this node, record
         their step executions STARTED at ``started_at``, and read back what was won with what
-        the executor needs (the last four in one statement where the provider has
-        :meth:`~dbcluster.dialects.base.QueryProvider.claim_and_start`). A claim whose commit's
-        outcome is unclear is judged from the rows."""
+        the executor needs (all five in one statement, committing on its own, where the
+        provider has :meth:`~dbcluster.dialects.base.QueryProvider.claim_and_start`). A claim
+        whose commit's outcome is unclear is judged from the rows."""
         provider = self.provider
         ids = list(step_execution_ids)
         node = {"b_node": node_id}
@@ -408,24 +414,39 @@ class CoordinationStore:
             ),
         )
 
-        # One statement for the lock, the claim, the start and the read back, where the
-        # database can; else four.
+        # The whole claim in one statement that commits on its own, where the database can;
+        # else a transaction of five.
         claim_and_start = self.prepared(
             "claim and start",
             lambda: provider.claim_and_start(
                 bindparam("b_node"),
                 bindparam("b_ids", expanding=True),
                 bindparam("b_started_at"),
+                bindparam("b_load"),
             ),
         )
+
+        def verify(conn: Connection) -> list[ClaimedPartition] | None:
+            return (
+                self._claimed(conn.execute(select_claimed, {**node, "b_ids": ids}).mappings())
+                or None
+            )
+
+        if claim_and_start is not None and self.autocommit is not None:
+            params = {**node, "b_ids": ids, "b_started_at": started_at, "b_load": load}
+
+            def claim_at_once(conn: Connection) -> list[ClaimedPartition]:
+                rows = conn.execute(claim_and_start, params).mappings().all()
+                if not rows:
+                    raise NodeRemovedError(f"node {node_id} is no longer registered")
+                return self._claimed(row for row in rows if row["p_id"] is not None)
+
+            return self.transaction(claim_at_once, "claim", verify, engine=self.autocommit)
 
         def work(conn: Connection) -> list[ClaimedPartition]:
             touch = lambda: provider.touch_node(bindparam("b_node"), bindparam("b_load"))  # noqa: E731
             if self.run(conn, "touch", touch, {**node, "b_load": load}) != 1:
                 raise NodeRemovedError(f"node {node_id} is no longer registered")
-            if claim_and_start is not None:
-                won = {**node, "b_ids": ids, "b_started_at": started_at}
-                return self._claimed(conn.execute(claim_and_start, won))
             lock = self.prepared(
                 "lock claimable",
                 lambda: provider.lock_claimable(bindparam("b_ids", expanding=True)),
@@ -452,17 +473,14 @@ class CoordinationStore:
                 ),
                 {**params, "b_started_at": started_at},
             )
-            return self._claimed(conn.execute(select_claimed, params))
-
-        def verify(conn: Connection) -> list[ClaimedPartition] | None:
-            return self._claimed(conn.execute(select_claimed, {**node, "b_ids": ids})) or None
+            return self._claimed(conn.execute(select_claimed, params).mappings())
 
         return self.transaction(work, "claim", verify)
 
     @staticmethod
-    def _claimed(result: Any) -> list[ClaimedPartition]:
+    def _claimed(rows: Iterable[Any]) -> list[ClaimedPartition]:
         claimed = []
-        for row in result.mappings():
+        for row in rows:
             partition = PendingPartition(
                 int(row["p_id"]),
                 int(row["job_execution_id"]),

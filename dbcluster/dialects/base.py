@@ -34,6 +34,7 @@ from sqlalchemy import (
     literal_column,
     or_,
     select,
+    true,
     update,
 )
 from sqlalchemy.engine import URL, Connection, Dialect
@@ -929,20 +930,28 @@ class QueryProvider:
         )
 
     def claim_and_start(
-        self, node_id: Any, step_execution_ids: Any, started_at: Any
+        self, node_id: Any, step_execution_ids: Any, started_at: Any, load: Any
     ) -> Select[Any] | None:
-        """Where the database has writable CTEs and ``SKIP LOCKED``: :meth:`lock_claimable`,
-        :meth:`claim_partitions`, :meth:`start_claimed` and :meth:`select_claimed` of a claim's
-        transaction in one statement (one round trip instead of four), giving the rows
-        :meth:`select_claimed` gives. The locks are taken in the same order (the partition
-        rows, then their step executions: the start reads what the claim returned), and a
-        step execution starts exactly when its partition was claimed here. The transaction
-        still locks the node's own row first (:meth:`touch_node`). Lock waits are bounded by
-        the session (the provider's :meth:`session_engine_options`). None: four statements."""
+        """Where the database has writable CTEs and ``SKIP LOCKED``: a whole claim in one
+        statement, which commits on its own (one round trip, no ``BEGIN``): :meth:`touch_node`,
+        :meth:`lock_claimable`, :meth:`claim_partitions`, :meth:`start_claimed` and
+        :meth:`select_claimed`. The locks are taken in the order of the transaction it
+        replaces: the node's own row first (the partitions are only looked at once it is
+        updated), then the partition rows, then their step executions (the start reads what
+        the claim returned); a step execution starts exactly when its partition was claimed
+        here. It gives one row per partition won, with the columns of :meth:`select_claimed`
+        and ``dbc_node``; one row whose ``p_id`` is NULL when nothing was won; no row when the
+        node is no longer registered (nothing was claimed). Lock waits are bounded by the
+        session (:meth:`session_engine_options`). None: a transaction of five statements."""
         if not (self.supports_writable_cte and self.skip_locked()):
             return None
         se, sc = schema.step_execution, schema.step_execution_context
-        locked = self.lock_claimable(step_execution_ids).cte("dbc_locked")
+        touched = self.touch_node(node_id, load).returning(nodes.c.node_id).cte("dbc_touched")
+        locked = (
+            self.lock_claimable(step_execution_ids)
+            .where(exists(select(touched.c.node_id)))
+            .cte("dbc_locked")
+        )
         p = partitions.c
         claimed = (
             self.claim_partitions(node_id, select(locked.c.step_execution_id))
@@ -965,7 +974,7 @@ class QueryProvider:
             .returning(*se.c)
             .cte("dbc_started")
         )
-        return (
+        won = (
             select(*self._claimed_columns(claimed, started))
             .select_from(claimed)
             .join(started, started.c.step_execution_id == claimed.c.step_execution_id)
@@ -974,7 +983,13 @@ class QueryProvider:
                 job_coordination.c.job_execution_id == claimed.c.job_execution_id,
             )
             .outerjoin(sc, sc.c.step_execution_id == claimed.c.step_execution_id)
-            .order_by(claimed.c.step_execution_id)
+            .subquery("dbc_won")
+        )
+        return (
+            select(touched.c.node_id.label("dbc_node"), *won.c)
+            .select_from(touched)
+            .outerjoin(won, true())
+            .order_by(won.c.p_id)
         )
 
     @staticmethod

@@ -223,6 +223,27 @@ def lose_commit_acks(engine: Engine, *, times: int, when: Callable[[list[str]], 
     return injected
 
 
+def lose_results(engine: Engine, *, times: int, when: Callable[[str], bool]) -> Injected:
+    """For the first ``times`` statements on ``engine`` (an autocommit engine: each statement
+    commits on its own) whose SQL satisfies ``when``: run it, then fail as if the connection
+    dropped before its result arrived (the outcome is unclear to the client; the database has
+    it)."""
+    injected = Injected()
+    lock = threading.Lock()
+
+    def do_execute(cursor: Any, statement: str, parameters: Any, context: Any) -> None:
+        with lock:
+            if injected.count >= times or not when(statement):
+                return
+            injected.count += 1
+        cursor.execute(statement, parameters)
+        raise drop_connection(engine, cursor.connection)
+
+    event.listen(engine, "do_execute", do_execute)
+    injected._undo.append(lambda: event.remove(engine, "do_execute", do_execute))
+    return injected
+
+
 @contextmanager
 def cut_engine(engine: Engine) -> Iterator[None]:
     """While inside: every statement on ``engine`` fails as on a dropped connection, and every

@@ -25,7 +25,13 @@ from dbcluster.testing.app import (
     ledger_tasklet,
 )
 from dbcluster.testing.backends import Backend
-from dbcluster.testing.control import fail_statements, freeze, lose_commit_acks, record_events
+from dbcluster.testing.control import (
+    fail_statements,
+    freeze,
+    lose_commit_acks,
+    lose_results,
+    record_events,
+)
 from dbcluster.testing.waiting import in_thread, wait_for
 
 
@@ -113,8 +119,14 @@ def test_restart_is_refused_while_old_partitions_are_in_flight(
 def test_a_claim_whose_commit_acknowledgement_is_lost_is_still_run(
     backend: Backend, make_cluster
 ) -> None:
+    """Whether the claim is a transaction (its COMMIT's acknowledgement lost) or one statement
+    committing on its own (its result lost), the node reads back what it won and runs it."""
     cluster = make_cluster()
-    lost = lose_commit_acks(cluster.node.coordination_engine, times=1, when=_claiming)
+    store = cluster.node.store
+    if store.autocommit is not None and store.provider.claim_and_start(1, [1], None, 0) is not None:
+        lost = lose_results(store.autocommit, times=1, when=lambda sql: _claiming([sql]))
+    else:
+        lost = lose_commit_acks(cluster.node.coordination_engine, times=1, when=_claiming)
     execution = cluster.launch("ledger", {"run": 3})
     assert lost.count == 1, "the fault was not injected"
     assert execution.status is BatchStatus.COMPLETED

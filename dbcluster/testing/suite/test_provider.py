@@ -99,6 +99,19 @@ def _register(engine: Engine, provider: QueryProvider, *node_ids: str) -> None:
             provider.register_node(conn, node_id, "suite-host", 4)
 
 
+def _store(engine: Engine, provider: Any, **options: Any) -> Any:
+    """The coordination store a node has: with an autocommit engine where the database has
+    autocommit (single statements, the one-statement claim, run there)."""
+    from dbcluster.cluster.store import CoordinationStore
+
+    autocommit = (
+        engine.execution_options(isolation_level="AUTOCOMMIT")
+        if provider.supports_autocommit and not provider.private_to_engine(engine)
+        else None
+    )
+    return CoordinationStore(engine, provider, autocommit=autocommit, **options)
+
+
 def _rowcount(engine: Engine, stmt: Any) -> int:
     with engine.begin() as conn:
         return conn.execute(stmt).rowcount
@@ -333,13 +346,12 @@ def test_batched_claims_split_the_partitions_between_concurrent_claimers(
     """Four nodes claim the same eight PENDING partitions at once, each in one transaction: every
     partition is won by exactly one of them, and its step execution is STARTED exactly once, in
     the claim's transaction."""
-    from dbcluster.cluster.store import CoordinationStore
 
     engine, provider = dbc_backend.engine, _provider(dbc_backend)
     claimers = [f"suite-c{i}" for i in range(4)]
     _register(engine, provider, *claimers)
     _, ids = _place(engine, provider, claimers[0], count=8)
-    store = CoordinationStore(engine, provider, retries=20, backoff_s=0.01)
+    store = _store(engine, provider, retries=20, backoff_s=0.01)
     barrier = threading.Barrier(len(claimers))
     won: dict[str, list[int]] = {}
     errors: list[BaseException] = []
@@ -383,7 +395,8 @@ def test_batched_claims_split_the_partitions_between_concurrent_claimers(
 
 
 class _FourStatements:
-    """A provider as it is, except that it has no one-statement claim."""
+    """A provider as it is, except that it has no one-statement claim (a claim is then a
+    transaction of five statements)."""
 
     def __init__(self, provider: QueryProvider) -> None:
         self._provider = provider
@@ -397,13 +410,14 @@ class _FourStatements:
 
 def test_a_claim_in_one_statement_gives_what_four_give(dbc_backend: Any) -> None:
     """Where the provider claims in one statement (:meth:`QueryProvider.claim_and_start`), the
-    claim writes and returns exactly what the four statements of the other path do."""
-    from dbcluster.cluster.store import CoordinationStore
+    claim writes and returns exactly what the five statements of the other path do, and a node
+    no longer registered claims nothing on either path."""
+    from dbcluster.cluster.store import NodeRemovedError
 
     engine, provider = dbc_backend.engine, _provider(dbc_backend)
-    stores = {"four": CoordinationStore(engine, _FourStatements(provider))}  # type: ignore[arg-type]
-    if provider.claim_and_start(1, [1], None) is not None:
-        stores["one"] = CoordinationStore(engine, provider)
+    stores = {"five": _store(engine, _FourStatements(provider))}  # type: ignore[arg-type]
+    if provider.claim_and_start(1, [1], None, 0) is not None:
+        stores["one"] = _store(engine, provider)
     _register(engine, provider, "suite-me")
     started_at = datetime(2026, 1, 2, 3, 4, 5, 678000)
     seen = {}
@@ -421,7 +435,7 @@ def test_a_claim_in_one_statement_gives_what_four_give(dbc_backend: Any) -> None
                 1,
             ), row
             assert _naive(row["start_time"]) == started_at, row
-        seen[name] = {k for row in rows for k in row}
+        seen[name] = {k for row in rows for k in row} - {"dbc_node"}
         assert store.claim("suite-me", 1, ids, started_at) == [], "claimed twice"
         with engine.connect() as conn:
             stored = conn.execute(
@@ -431,6 +445,10 @@ def test_a_claim_in_one_statement_gives_what_four_give(dbc_backend: Any) -> None
             ).all()
         assert sorted(tuple(r) for r in stored) == [("STARTED", 1), ("STARTED", 1)]
         assert {_partition(engine, sid).status for sid in ids} == {"CLAIMED"}
+        _, unclaimed = _place(engine, provider, "suite-me", count=1)
+        with pytest.raises(NodeRemovedError):
+            store.claim("suite-unregistered", 0, unclaimed, started_at)
+        assert _partition(engine, unclaimed[0]).status == "PENDING"
     assert len({frozenset(keys) for keys in seen.values()}) == 1, seen
 
 
@@ -438,12 +456,11 @@ def test_a_claim_passes_over_a_partition_another_transaction_holds(dbc_backend: 
     """A partition row another transaction holds (its master failing it) is skipped without
     waiting where the database can skip locked rows, else claimed only as that transaction
     leaves it (here: not at all); its step execution is never started."""
-    from dbcluster.cluster.store import CoordinationStore
 
     engine, provider = dbc_backend.engine, _provider(dbc_backend)
     _register(engine, provider, "suite-me")
     _, (held, free) = _place(engine, provider, "suite-me", count=2)
-    store = CoordinationStore(engine, provider)
+    store = _store(engine, provider)
     result: dict[str, Any] = {}
     started_at = datetime.now(UTC).replace(tzinfo=None)
     thread = threading.Thread(
