@@ -1,7 +1,8 @@
 """The worker's poller: finds the partitions its node may run and claims them in batches.
 
 A poll is one read (no transaction): the node's own PENDING partitions and those it may steal,
-oldest first, up to its free capacity. A claim is one transaction for all of them (see
+oldest first, up to its free capacity. A claim is one transaction for all of them (one
+statement where the database can; see
 :meth:`~dbcluster.cluster.store.CoordinationStore.claim`): it first locks the node's own
 registry row (a node removed since it polled claims nothing), then moves the partitions still
 PENDING to CLAIMED and records their step executions STARTED; the
