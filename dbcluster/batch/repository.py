@@ -207,8 +207,8 @@ class JobRepository:
         self.reader = reader or engine
         #: Step and job transactions, repeated on transient errors under ``retry``.
         self.transactions = Transactions(engine, retry)
-        #: A step's row and context in one statement, where the database can, and the row
-        #: count that says both took effect (None: two statements).
+        #: A step's row and context in one statement, where the database can, and the least
+        #: row count that says both took effect (None: two statements).
         self._update_step_and_context = _step_and_context_update(engine) or (None, 1)
 
     def step_version_is(
@@ -664,8 +664,11 @@ class JobRepository:
         with self.transaction(conn) as c:
             if context and combined is None:
                 self._write_step_context(c, execution, values)
-            stmt = combined if combined is not None else _UPDATE_STEP
-            if c.execute(stmt, values).rowcount != expected:
+            if combined is not None:
+                refused = c.execute(combined, values).rowcount < expected
+            else:
+                refused = c.execute(_UPDATE_STEP, values).rowcount != 1
+            if refused:
                 raise OptimisticLockingFailureError(
                     f"step execution {execution.id} ({execution.step_name!r}, version "
                     f"{execution.version}) was updated by someone else"

@@ -426,27 +426,46 @@ class CoordinationStore:
             ),
         )
 
+        touch = lambda: provider.touch_node(bindparam("b_node"), bindparam("b_load"))  # noqa: E731
+
+        def touch_own_row(conn: Connection) -> None:
+            if self.run(conn, "touch", touch, {**node, "b_load": load}) != 1:
+                raise NodeRemovedError(f"node {node_id} is no longer registered")
+
         def verify(conn: Connection) -> list[ClaimedPartition] | None:
-            return (
-                self._claimed(conn.execute(select_claimed, {**node, "b_ids": ids}).mappings())
-                or None
-            )
+            # What an unclear claim won, read while the node's own row is locked: a node
+            # removed meanwhile (its claims fenced under a new attempt in the transaction that
+            # deleted its row) learns it here instead of taking its partitions back under the
+            # new attempt.
+            with conn.begin():
+                touch_own_row(conn)
+                found = conn.execute(select_claimed, {**node, "b_ids": ids}).mappings()
+                return self._claimed(found) or None
 
         if claim_and_start is not None and self.autocommit is not None:
             params = {**node, "b_ids": ids, "b_started_at": started_at, "b_load": load}
+            tries = 0
 
             def claim_at_once(conn: Connection) -> list[ClaimedPartition]:
+                nonlocal tries
+                tries += 1
                 rows = conn.execute(claim_and_start, params).mappings().all()
                 if not rows:
                     raise NodeRemovedError(f"node {node_id} is no longer registered")
-                return self._claimed(row for row in rows if row["p_id"] is not None)
+                won = self._claimed(row for row in rows if row["p_id"] is not None)
+                if tries == 1:
+                    return won
+                # An earlier try's statement may have gone on after its connection was lost
+                # (the server finishes a statement whose client is gone) and committed a claim
+                # after this try's verify looked: this try queued behind it on the node's row,
+                # so reading now finds what either won.
+                with self.engine.connect() as check:
+                    return verify(check) or []
 
             return self.transaction(claim_at_once, "claim", verify, engine=self.autocommit)
 
         def work(conn: Connection) -> list[ClaimedPartition]:
-            touch = lambda: provider.touch_node(bindparam("b_node"), bindparam("b_load"))  # noqa: E731
-            if self.run(conn, "touch", touch, {**node, "b_load": load}) != 1:
-                raise NodeRemovedError(f"node {node_id} is no longer registered")
+            touch_own_row(conn)
             lock = self.prepared(
                 "lock claimable",
                 lambda: provider.lock_claimable(bindparam("b_ids", expanding=True)),

@@ -310,13 +310,15 @@ class QueryProvider:
         self, step_update: Update, context_update: Update, context_values: Mapping[str, Any]
     ) -> tuple[Update, int] | None:
         """One statement doing both of a step's per-chunk writes, where the database can, and
-        the row count that says both took effect. ``step_update`` is the guarded UPDATE of the
-        step execution row; ``context_update`` the UPDATE of its context row (the two share
-        their bind parameters: ``b_id`` names the step execution in both) and
-        ``context_values`` its SET clause. With :attr:`supports_writable_cte` the context
-        update runs in a ``WITH`` and the step's row is updated only if it did (1 row); with
-        :attr:`supports_multi_table_update` one UPDATE joins both rows (2 rows matched). None:
-        two statements."""
+        the least row count that says both took effect (0 says neither did). ``step_update``
+        is the guarded UPDATE of the step execution row; ``context_update`` the UPDATE of its
+        context row (the two share their bind parameters: ``b_id`` names the step execution in
+        both) and ``context_values`` its SET clause. With :attr:`supports_writable_cte` the
+        context update runs in a ``WITH`` and the step's row is updated only if it did (1
+        row); with :attr:`supports_multi_table_update` one UPDATE joins both rows, so it
+        changes both or neither (2 rows matched with ``CLIENT_FOUND_ROWS``, which SQLAlchemy's
+        MySQL drivers set; 1 or 2 changed without it: the context may be unchanged). None: two
+        statements."""
         se, sc = schema.step_execution, schema.step_execution_context
         if self.supports_writable_cte:
             written = context_update.returning(sc.c.step_execution_id).cte("dbc_context")
@@ -328,7 +330,7 @@ class QueryProvider:
             both = step_update.where(sc.c.step_execution_id == se.c.step_execution_id).values(
                 {sc.c[name]: value for name, value in context_values.items()}
             )
-            return both, 2
+            return both, 1
         return None
 
     def in_transaction(self, dbapi_connection: Any) -> bool | None:

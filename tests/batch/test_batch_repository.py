@@ -160,6 +160,33 @@ def test_a_step_and_its_context_are_written_together_or_not_at_all(
     assert stored.execution_context["reader.last_key"] == 7
 
 
+def test_an_unchanged_context_is_written_whatever_the_driver_counts(backend: Any) -> None:
+    """MySQL and MariaDB count changed rows, not matched ones, when a connection does not ask
+    for ``CLIENT_FOUND_ROWS`` (a user's own ``client_flag``): a chunk whose context is dirty
+    but serializes the same must still be written, not refused as a stale update."""
+    provider = get_provider(backend.engine)
+    if not provider.supports_multi_table_update:
+        pytest.skip(f"{provider.name} writes a step and its context another way")
+    from sqlalchemy import create_engine
+
+    url = backend.engine.url.render_as_string(hide_password=False)
+    engine = create_engine(url, connect_args={"client_flag": 0})
+    try:
+        repo = JobRepository(engine)
+        params = _params()
+        je = repo.create_job_execution(repo.create_job_instance("job", params), params)
+        se = repo.create_step_execution(je, "step")
+        se.execution_context.put("k", 1)
+        repo.update_step_execution(se, context=True)
+        se.execution_context.dirty = True  # marked dirty, same JSON
+        se.read_count = 2
+        repo.update_step_execution(se, context=True)
+        stored = repo.get_step_execution(se.id)
+        assert stored is not None and stored.version == 2 and stored.read_count == 2
+    finally:
+        engine.dispose()
+
+
 def test_ids_without_returning(
     repo: JobRepository, backend: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
