@@ -207,9 +207,8 @@ class JobRepository:
         self.reader = reader or engine
         #: Step and job transactions, repeated on transient errors under ``retry``.
         self.transactions = Transactions(engine, retry)
-        #: A step's row and context in one statement, where the database can, and the least
-        #: row count that says both took effect (None: two statements).
-        self._update_step_and_context = _step_and_context_update(engine) or (None, 1)
+        #: A step's row and context in one statement, where the database can (None: two).
+        self._update_step_and_context = _step_and_context_update(engine)
 
     def step_version_is(
         self, execution: StepExecution, version: int
@@ -652,7 +651,7 @@ class JobRepository:
         """Persist status, exit status, times and counters; bumps ``version``. ``context``: its
         execution context too, in the same transaction (in the same statement where the
         database can: a chunk's bookkeeping is then one round trip)."""
-        combined, expected = self._update_step_and_context if context else (None, 1)
+        combined = self._update_step_and_context if context else None
         now = utcnow()
         values = _execution_values(execution, now)
         for name in COUNTER_NAMES:
@@ -664,8 +663,8 @@ class JobRepository:
         with self.transaction(conn) as c:
             if context and combined is None:
                 self._write_step_context(c, execution, values)
-            if combined is not None:
-                refused = c.execute(combined, values).rowcount < expected
+            if combined is not None:  # both rows or neither: 0 is a refusal
+                refused = c.execute(combined, values).rowcount == 0
             else:
                 refused = c.execute(_UPDATE_STEP, values).rowcount != 1
             if refused:

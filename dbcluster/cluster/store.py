@@ -428,9 +428,12 @@ class CoordinationStore:
 
         touch = lambda: provider.touch_node(bindparam("b_node"), bindparam("b_load"))  # noqa: E731
 
+        def removed() -> NodeRemovedError:
+            return NodeRemovedError(f"node {node_id} is no longer registered")
+
         def touch_own_row(conn: Connection) -> None:
             if self.run(conn, "touch", touch, {**node, "b_load": load}) != 1:
-                raise NodeRemovedError(f"node {node_id} is no longer registered")
+                raise removed()
 
         def verify(conn: Connection) -> list[ClaimedPartition] | None:
             # What an unclear claim won, read while the node's own row is locked: a node
@@ -451,7 +454,7 @@ class CoordinationStore:
                 tries += 1
                 rows = conn.execute(claim_and_start, params).mappings().all()
                 if not rows:
-                    raise NodeRemovedError(f"node {node_id} is no longer registered")
+                    raise removed()
                 won = self._claimed(row for row in rows if row["p_id"] is not None)
                 if tries == 1:
                     return won

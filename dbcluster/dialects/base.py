@@ -158,7 +158,7 @@ class QueryProvider:
     #: two tables, so a chunk writes its step execution row and its context in one round trip.
     supports_writable_cte: ClassVar[bool] = False
     #: ``UPDATE a, b SET a.x = ..., b.y = ... WHERE ...`` (MySQL, MariaDB): the same, one
-    #: statement changing rows of two tables, counting each row matched (``CLIENT_FOUND_ROWS``).
+    #: statement changing the rows of two tables (both or neither).
     supports_multi_table_update: ClassVar[bool] = False
     #: The driver has an autocommit mode SQLAlchemy can set (``isolation_level="AUTOCOMMIT"``):
     #: single statements then cost one round trip. Without it they run in short transactions.
@@ -308,29 +308,26 @@ class QueryProvider:
 
     def update_step_and_context(
         self, step_update: Update, context_update: Update, context_values: Mapping[str, Any]
-    ) -> tuple[Update, int] | None:
-        """One statement doing both of a step's per-chunk writes, where the database can, and
-        the least row count that says both took effect (0 says neither did). ``step_update``
+    ) -> Update | None:
+        """One statement doing both of a step's per-chunk writes, where the database can: it
+        changes both rows or neither, so a row count of 0 says it was refused. ``step_update``
         is the guarded UPDATE of the step execution row; ``context_update`` the UPDATE of its
         context row (the two share their bind parameters: ``b_id`` names the step execution in
         both) and ``context_values`` its SET clause. With :attr:`supports_writable_cte` the
         context update runs in a ``WITH`` and the step's row is updated only if it did (1
-        row); with :attr:`supports_multi_table_update` one UPDATE joins both rows, so it
-        changes both or neither (2 rows matched with ``CLIENT_FOUND_ROWS``, which SQLAlchemy's
-        MySQL drivers set; 1 or 2 changed without it: the context may be unchanged). None: two
-        statements."""
+        row); with :attr:`supports_multi_table_update` one UPDATE joins both rows (2 rows
+        matched with ``CLIENT_FOUND_ROWS``, which SQLAlchemy's MySQL drivers set; 1 or 2
+        changed without it, as the context may be unchanged). None: two statements."""
         se, sc = schema.step_execution, schema.step_execution_context
         if self.supports_writable_cte:
             written = context_update.returning(sc.c.step_execution_id).cte("dbc_context")
-            return (
-                step_update.where(se.c.step_execution_id.in_(select(written.c.step_execution_id))),
-                1,
+            return step_update.where(
+                se.c.step_execution_id.in_(select(written.c.step_execution_id))
             )
         if self.supports_multi_table_update:
-            both = step_update.where(sc.c.step_execution_id == se.c.step_execution_id).values(
+            return step_update.where(sc.c.step_execution_id == se.c.step_execution_id).values(
                 {sc.c[name]: value for name, value in context_values.items()}
             )
-            return both, 1
         return None
 
     def in_transaction(self, dbapi_connection: Any) -> bool | None:

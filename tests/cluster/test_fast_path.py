@@ -151,16 +151,23 @@ def test_a_silent_nodes_unstarted_partitions_start_elsewhere_at_once(
     assert len(events.named("claimed")) == 8
 
 
-@pytest.mark.backends("postgresql")
-def test_a_placement_wakes_the_node_it_placed_on(backend: Backend, make_cluster: Any) -> None:
-    """With LISTEN/NOTIFY the placement's commit wakes the worker: it does not wait for its
-    (here ten-second) poll."""
+def _idle_listening_pair(backend: Backend, make_cluster: Any) -> tuple[Any, Any]:
+    """A master that does not work and a worker whose poll has relaxed to ten seconds and that
+    listens for wake-ups: what starts its partitions sooner is a wake-up."""
     settings = FAST_SETTINGS.with_overrides(task_polling_interval=10_000)
     master = make_cluster(settings, work=False)
     worker = make_cluster(settings)
     assert worker.node.worker is not None
     wait_for(lambda: worker.node.worker.interval_ms == 10_000, what="the worker's poll to relax")
     wait_for(lambda: _listening(backend) >= 1, what="the worker to listen")
+    return master, worker
+
+
+@pytest.mark.backends("postgresql")
+def test_a_placement_wakes_the_node_it_placed_on(backend: Backend, make_cluster: Any) -> None:
+    """With LISTEN/NOTIFY the placement's commit wakes the worker: it does not wait for its
+    (here ten-second) poll."""
+    master, worker = _idle_listening_pair(backend, make_cluster)
     execution = _launch(master, {"run": 5}, within=3.0)
     assert execution.status is BatchStatus.COMPLETED, execution.exit_status
 
@@ -171,12 +178,7 @@ def test_a_wake_up_names_what_it_placed_and_the_node_claims_it_without_polling(
 ) -> None:
     """The placement's notification carries the ids it put on the node: the woken node claims
     them at once; no poll finds them (a poll after a freed slot may still look for more)."""
-    settings = FAST_SETTINGS.with_overrides(task_polling_interval=10_000)
-    master = make_cluster(settings, work=False)
-    worker = make_cluster(settings)
-    assert worker.node.worker is not None
-    wait_for(lambda: worker.node.worker.interval_ms == 10_000, what="the worker's poll to relax")
-    wait_for(lambda: _listening(backend) >= 1, what="the worker to listen")
+    master, worker = _idle_listening_pair(backend, make_cluster)
     polls = _sizes(worker, "poll")
     execution = _launch(master, {"run": 7}, within=5.0)
     assert execution.status is BatchStatus.COMPLETED, execution.exit_status

@@ -267,16 +267,13 @@ def test_a_step_and_its_context_are_one_statement_where_the_database_allows() ->
         "mysql",
         "postgresql",
     ]
-    stmt, rows = combined["postgresql"]  # type: ignore[misc]
-    sql = str(stmt.compile(dialect=provider_for_name("postgresql").dialect))
-    assert rows == 1 and sql.startswith("WITH dbc_context AS")
+    sql = str(combined["postgresql"].compile(dialect=provider_for_name("postgresql").dialect))
+    assert sql.startswith("WITH dbc_context AS")
     assert "UPDATE batch_step_execution_context SET" in sql
     assert "RETURNING batch_step_execution_context.step_execution_id" in sql
     assert "batch_step_execution.version = %(b_version)s" in sql
     for name in ("mysql", "mariadb"):
-        stmt, rows = combined[name]  # type: ignore[misc]
-        sql = str(stmt.compile(dialect=provider_for_name(name).dialect))
-        assert rows == 1, "without CLIENT_FOUND_ROWS an unchanged context is not counted"
+        sql = str(combined[name].compile(dialect=provider_for_name(name).dialect))  # type: ignore[union-attr]
         assert sql.startswith("UPDATE batch_step_execution, batch_step_execution_context SET")
         assert "batch_step_execution_context.short_context=" in sql
         assert "batch_step_execution_context.step_execution_id = " in sql
