@@ -23,7 +23,8 @@ from dbcluster.batch.scope import ChunkContext
 from dbcluster.bench import counting
 
 if os.environ.get("DBCLUSTER_BENCH_COUNTS"):
-    counting.install()
+    if os.environ.get("DBCLUSTER_BENCH_STATEMENTS", "1") != "0":
+        counting.install()
     if os.environ.get("DBCLUSTER_BENCH_TRACE"):
         counting.install_trace()
     counting.start_dumping(os.environ["DBCLUSTER_BENCH_COUNTS"])

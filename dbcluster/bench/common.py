@@ -143,7 +143,8 @@ class ClusterRun:
 
     seconds: float
     execution: JobExecution
-    #: SQLAlchemy's statement events, master and workers (the breakdown by table and verb).
+    #: SQLAlchemy's statement events, master and workers (the breakdown by table and verb);
+    #: empty when the run did not count them.
     statements: dict[str, int]
     #: The round trips, when the run went through a tap.
     meter: Meter
@@ -161,15 +162,23 @@ def cluster_run(
     concurrency: int | None = None,
     tap: Tap | None = None,
     register_timeout: float = 60,
+    count_statements: bool | None = None,
 ) -> ClusterRun:
     """Start ``workers`` worker processes, launch ``job`` from a master in this process
     (``work=False, take_over=False``), time the launch call to the job's end, stop the workers.
     Through ``tap`` (master and workers connected through it) when given. ``engine`` is a direct
-    engine on ``db`` for the harness's own reads."""
-    counting.install()
+    engine on ``db`` for the harness's own reads. SQLAlchemy's statement events are counted
+    (``statements``) in a counting pass (through ``tap``) unless ``count_statements`` says
+    otherwise; a timed pass runs without their listeners."""
+    if count_statements is None:
+        count_statements = tap is not None
+    if count_statements:
+        counting.install()
+    else:
+        counting.uninstall()
     worker_url = tap.worker_url if tap is not None else db
     env = tap.worker_env if tap is not None else {}
-    with worker_pool(worker_url, settings, env) as pool:
+    with worker_pool(worker_url, settings, env, count_statements=count_statements) as pool:
         pool.start(workers, concurrency=concurrency)
         pool.wait_registered(engine, workers, timeout=register_timeout)
         master_engine = make_engine(tap.url) if tap is not None else engine

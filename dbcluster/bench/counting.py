@@ -7,7 +7,9 @@ trips come from :mod:`dbcluster.bench.wire`. On SQLite, whose round trips cannot
 wire, :func:`install_trace` adds the library's statement trace to the same process.
 
 Worker processes started by the benchmark install both from the bench app module and write their
-totals to a file (``DBCLUSTER_BENCH_COUNTS``) every few hundred milliseconds and at exit.
+totals to a file (``DBCLUSTER_BENCH_COUNTS``) every few hundred milliseconds and at exit. Timed
+passes run without the statement listeners (``DBCLUSTER_BENCH_STATEMENTS=0`` in the workers,
+:func:`uninstall` in the bench process): the counting pass gives the breakdown.
 """
 
 from __future__ import annotations
@@ -82,6 +84,16 @@ def install() -> None:
     event.listen(Engine, "before_cursor_execute", _on_execute)
     event.listen(Engine, "commit", _on_commit)
     _installed = True
+
+
+def uninstall() -> None:
+    """Stop counting: a timed pass runs without the listeners (their cost is not dbcluster's)."""
+    global _installed
+    if not _installed:
+        return
+    event.remove(Engine, "before_cursor_execute", _on_execute)
+    event.remove(Engine, "commit", _on_commit)
+    _installed = False
 
 
 def install_trace() -> SqliteTrace:

@@ -101,6 +101,7 @@ def drain(url: str | None, p: Params) -> dict[str, Any]:
         run = _drain(db, engine, p, "timed")
         rows = _rows_written(engine)
         round_trips: dict[str, Any] = {}
+        statements: dict[str, int] = {}
         if p.counting:
             with counting_tap(db) as tap:
                 floor_meter = Meter(tap)
@@ -109,6 +110,7 @@ def drain(url: str | None, p: Params) -> dict[str, Any]:
                     _rows_written(engine)
                 counted = _drain(db, engine, p, "counted", tap)
                 counted_rows = _rows_written(engine)
+                statements = counted.statements
                 round_trips = {
                     "framework": round_trip_report(tap, counted.meter, n, "partition"),
                     "baseline": round_trip_report(tap, floor_meter, n, "row"),
@@ -132,12 +134,20 @@ def drain(url: str | None, p: Params) -> dict[str, Any]:
             "wall_s": round(run.seconds, 3),
             "partitions_per_s": round(rate, 1),
             **headline(round_trips.get("framework", {}), "partition"),
-            "statements_per_partition_sqlalchemy_events": round(
-                run.statements.get("total", 0) / n, 3
+            **(
+                {
+                    "statements_per_partition_sqlalchemy_events": round(
+                        statements.get("total", 0) / n, 3
+                    ),
+                    "statement_detail_per_partition_sqlalchemy_events": {
+                        k.strip(): round(v / n, 3)
+                        for k, v in statements.items()
+                        if k.startswith(" ")
+                    },
+                }
+                if statements
+                else {}
             ),
-            "statement_detail_per_partition_sqlalchemy_events": {
-                k.strip(): round(v / n, 3) for k, v in run.statements.items() if k.startswith(" ")
-            },
         },
         "baseline": {
             "what": f"the same INSERTs by hand, one transaction each, {p.baseline_threads} threads",

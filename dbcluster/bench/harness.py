@@ -87,6 +87,8 @@ class WorkerPool:
     workers: list[Worker] = field(default_factory=list)
     #: Extra environment of the worker processes (a counting pass's tracing switch).
     env: dict[str, str] = field(default_factory=dict)
+    #: Whether the workers count SQLAlchemy's statement events (off in a timed pass).
+    count_statements: bool = True
 
     def start(self, count: int, concurrency: int | None = None) -> list[Worker]:
         started = []
@@ -98,6 +100,7 @@ class WorkerPool:
                 **settings_env(self.settings),
                 **self.env,
                 "DBCLUSTER_BENCH_COUNTS": str(path),
+                "DBCLUSTER_BENCH_STATEMENTS": "1" if self.count_statements else "0",
             }
             if concurrency is not None:
                 env["DBCLUSTER_CONCURRENCY_LIMIT"] = str(concurrency)
@@ -175,10 +178,16 @@ class WorkerPool:
 
 @contextmanager
 def worker_pool(
-    url: str, settings: ClusterSettings, env: dict[str, str] | None = None
+    url: str,
+    settings: ClusterSettings,
+    env: dict[str, str] | None = None,
+    *,
+    count_statements: bool = True,
 ) -> Iterator[WorkerPool]:
     with tempfile.TemporaryDirectory(prefix="dbcluster-bench-w-") as folder:
-        pool = WorkerPool(url, settings, Path(folder), env=dict(env or {}))
+        pool = WorkerPool(
+            url, settings, Path(folder), env=dict(env or {}), count_statements=count_statements
+        )
         try:
             yield pool
         finally:

@@ -90,14 +90,14 @@ def overhead(url: str | None, p: Params) -> dict[str, Any]:
     """P no-op partitions on K worker processes, against the same job run in one process by
     LocalPartitionHandler (K threads)."""
     settings = p.settings
-    counting.install()
     n = p.partitions
+    local_counts: dict[str, int] = {}
+    cluster_counts: dict[str, int] = {}
     with scratch_database(url) as db:
         registry = build_registry(n)
         engine = make_engine(db)
-        counting.reset()
+        counting.uninstall()  # timed passes run without the statement listeners
         local_s, local = _local_run(engine, registry, p.workers, "local")
-        local_counts = counting.snapshot()
         run = cluster_run(
             db, engine, registry, settings, "noop", {"run": "cluster"}, workers=p.workers
         )
@@ -105,11 +105,14 @@ def overhead(url: str | None, p: Params) -> dict[str, Any]:
         if p.counting:
             with counting_tap(db) as tap:
                 local_meter = Meter(tap)
-                if tap is not None:
-                    tap_engine = make_engine(tap.url)
-                    with local_meter:
-                        _local_run(tap_engine, registry, p.workers, "local-counted")
+                counting.install()
+                counting.reset()
+                tap_engine = make_engine(tap.url) if tap is not None else engine
+                with local_meter:
+                    _local_run(tap_engine, registry, p.workers, "local-counted")
+                if tap_engine is not engine:
                     tap_engine.dispose()
+                local_counts = counting.snapshot()
                 counted = cluster_run(
                     db,
                     engine,
@@ -120,13 +123,13 @@ def overhead(url: str | None, p: Params) -> dict[str, Any]:
                     workers=p.workers,
                     tap=tap,
                 )
+                cluster_counts = counted.statements
                 round_trips = {
                     "cluster": round_trip_report(tap, counted.meter, n, "partition"),
                     "local": round_trip_report(tap, local_meter, n, "partition"),
                 }
         engine.dispose()
     # The idle traffic of the workers during the run (heartbeats, sweeps) is included.
-    cluster_counts = run.statements
     extra = (cluster_counts.get("total", 0) - local_counts.get("total", 0)) / n
     out: dict[str, Any] = {
         "partitions": n,
@@ -187,8 +190,12 @@ def _launches(
     """Launch the one-partition job ``runs`` times on 2 idle worker processes: seconds from
     launch to the partition's start and to the job's end, and the round trips of the launches."""
     start_lat, done_lat = [], []
+    counting.uninstall()  # no statement listeners: the round trips come from the tap
     with worker_pool(
-        tap.worker_url if tap else db, settings, tap.worker_env if tap else {}
+        tap.worker_url if tap else db,
+        settings,
+        tap.worker_env if tap else {},
+        count_statements=False,
     ) as pool:
         pool.start(2)
         pool.wait_registered(engine, 2)
@@ -556,6 +563,7 @@ def scale(url: str | None, p: Params) -> dict[str, Any]:
                 workers=n,
                 concurrency=p.scale_concurrency,
                 register_timeout=120,
+                count_statements=True,
             )
             with engine.connect() as conn:
                 rows = conn.execute(
