@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -121,13 +121,49 @@ _UPDATE_JOB_CONTEXT = (
 )
 
 
-def _step_and_context_update(engine: Engine) -> Any:
-    """The provider's one-statement write of a step's row and context, or None."""
+def _provider(engine: Engine) -> Any:
     from dbcluster.dialects import get_provider
 
-    return get_provider(engine).update_step_and_context(
+    return get_provider(engine)
+
+
+def _step_and_context_update(engine: Engine) -> Any:
+    """The provider's one-statement write of a step's row and context, or None."""
+    return _provider(engine).update_step_and_context(
         _UPDATE_STEP, _UPDATE_STEP_CONTEXT, _STEP_CONTEXT_VALUES
     )
+
+
+#: The columns a bulk creation of step executions sets (see ``create_step_executions``).
+_NEW_STEP_COLUMNS = (
+    "version",
+    "step_name",
+    "job_execution_id",
+    "create_time",
+    "start_time",
+    "status",
+    "exit_code",
+    "exit_message",
+    "last_updated",
+    *COUNTER_NAMES,
+)
+_NEW_CONTEXT_COLUMNS = ("step_execution_id", "short_context", "serialized_context")
+
+
+def _bulk_inserts(engine: Engine) -> tuple[Any, Any] | None:
+    """Step executions (returning their ids by name) and their contexts, each one statement
+    of arrays for any number of rows, where the database can (None: executemany)."""
+    provider = _provider(engine)
+    steps = provider.insert_from_arrays(_SE, _NEW_STEP_COLUMNS)
+    contexts = provider.insert_from_arrays(_SC, _NEW_CONTEXT_COLUMNS)
+    if steps is None or contexts is None:
+        return None
+    return steps.returning(_SE.c.step_execution_id, _SE.c.step_name), contexts
+
+
+def _as_arrays(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> dict[str, list[Any]]:
+    """Rows as the array parameters of an ``insert_from_arrays`` statement."""
+    return {f"a_{name}": [row[name] for row in rows] for name in columns}
 
 
 def _execution_values(execution: Any, now: Any) -> dict[str, Any]:
@@ -209,6 +245,8 @@ class JobRepository:
         self.transactions = Transactions(engine, retry)
         #: A step's row and context in one statement, where the database can (None: two).
         self._update_step_and_context = _step_and_context_update(engine)
+        #: Many step executions and contexts in two statements of arrays (None: executemany).
+        self._bulk_inserts = _bulk_inserts(engine)
 
     def step_version_is(
         self, execution: StepExecution, version: int
@@ -600,8 +638,26 @@ class JobRepository:
             }
             for name in names
         ]
+        contexts = [ctx if ctx is not None else ExecutionContext() for _, ctx in steps]
+        texts = [ctx.to_json() for ctx in contexts]
+        context_rows = [_context_columns(text) for text in texts]
+        bulk = self._bulk_inserts if len(rows) > 1 else None
         with self.transaction(conn) as c:
-            if len(rows) == 1:
+            if bulk is not None:
+                insert_steps, insert_contexts = bulk
+                got = {
+                    row[1]: int(row[0])
+                    for row in c.execute(insert_steps, _as_arrays(rows, _NEW_STEP_COLUMNS))
+                }
+                ids = [got[name] for name in names]
+                c.execute(
+                    insert_contexts,
+                    {
+                        "a_step_execution_id": ids,
+                        **_as_arrays(context_rows, _NEW_CONTEXT_COLUMNS[1:]),
+                    },
+                )
+            elif len(rows) == 1:
                 ids = [self._insert_id(c, _SE, _SE.c.step_execution_id, rows[0])]
             elif c.dialect.insert_executemany_returning_sort_by_parameter_order:
                 ids = [int(i) for i in c.execute(_INSERT_STEPS_RETURNING_IN_ORDER, rows).scalars()]
@@ -617,15 +673,14 @@ class JobRepository:
                     ).all():
                         by_name[row[1]] = max(by_name.get(row[1], 0), int(row[0]))
                 ids = [by_name[name] for name in names]
-            contexts = [ctx if ctx is not None else ExecutionContext() for _, ctx in steps]
-            texts = [ctx.to_json() for ctx in contexts]
-            c.execute(
-                _INSERT[_SC.name],
-                [
-                    {"step_execution_id": i, **_context_columns(text)}
-                    for i, text in zip(ids, texts, strict=True)
-                ],
-            )
+            if bulk is None:
+                c.execute(
+                    _INSERT[_SC.name],
+                    [
+                        {"step_execution_id": i, **columns}
+                        for i, columns in zip(ids, context_rows, strict=True)
+                    ],
+                )
         result = []
         for step_id, name, ctx, text in zip(ids, names, contexts, texts, strict=True):
             ctx.mark_saved(text)

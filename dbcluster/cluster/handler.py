@@ -65,6 +65,34 @@ def is_connectivity_error(error: BaseException) -> bool:
 FIRST_CHECK_MS = 5
 
 
+class CheckPace:
+    """When a master looks at its partitions next: soon after placing them, then at doubling
+    intervals up to ``max_ms``; while partitions are ending, at half the time the ones still
+    in flight need at the pace seen since the last look (within ``first_ms`` and ``max_ms``),
+    so the step's end is seen a few milliseconds after it, not up to ``max_ms`` later."""
+
+    def __init__(self, first_ms: float, max_ms: float) -> None:
+        self.first_ms = min(first_ms, max_ms)
+        self.max_ms = max_ms
+        self._doubling = self.first_ms
+        self._last: tuple[float, int] | None = None
+
+    def backoff_ms(self) -> float:
+        """The pause after a look that found nothing (the database did not answer)."""
+        pause = self._doubling
+        self._doubling = min(self._doubling * 2, self.max_ms)
+        return pause
+
+    def next_ms(self, in_flight: int, now: float) -> float:
+        """The pause after a look at ``now`` (seconds, monotonic) found ``in_flight``."""
+        pause = self.backoff_ms()
+        last, self._last = self._last, (now, in_flight)
+        if last is None or in_flight >= last[1] or now <= last[0]:
+            return pause
+        per_ms = (last[1] - in_flight) / ((now - last[0]) * 1000)
+        return max(self.first_ms, min(self.max_ms, in_flight / per_ms / 2))
+
+
 class ClusterPartitionHandler:
     """Runs a partition step's partitions across the cluster, with this node as master."""
 
@@ -253,8 +281,8 @@ class ClusterPartitionHandler:
         no_node_since: float | None = None
         warned = False
         # A short step ends within milliseconds of its placement: look soon, then at doubling
-        # intervals up to master_check_interval.
-        pause_ms = min(FIRST_CHECK_MS, settings.master_check_interval)
+        # intervals up to master_check_interval, sooner while partitions are ending.
+        pace = CheckPace(FIRST_CHECK_MS, settings.master_check_interval)
         while True:
             points.reach("master.monitor", node_id=mastership.node_id)
             mastership.check()
@@ -262,8 +290,10 @@ class ClusterPartitionHandler:
                 counts = store.counts(master.id)
                 if self.progress is not None:
                     self.progress(master.id, counts)
-                if not sum(counts.get(s, 0) for s in PARTITION_IN_FLIGHT):
+                in_flight = sum(counts.get(s, 0) for s in PARTITION_IN_FLIGHT)
+                if not in_flight:
                     return
+                pause_ms = pace.next_ms(in_flight, time.monotonic())
                 if master.job_execution.stop_requested and counts.get(PARTITION_PENDING):
                     self._stop_pending(master.id, mastership)
                 now = time.monotonic()
@@ -288,8 +318,8 @@ class ClusterPartitionHandler:
                 if not warned:
                     log.warning("master %s waits for the database: %s", mastership.node_id, error)
                     warned = True
+                pause_ms = pace.backoff_ms()
             time.sleep(pause_ms / 1000)
-            pause_ms = min(pause_ms * 2, settings.master_check_interval)
 
     def _stop_pending(self, master_id: int, mastership: Mastership) -> None:
         """The job is being stopped: what no node has claimed does not start (see

@@ -41,6 +41,7 @@ from dbcluster.dialects.base import (
     PARTITION_COMPLETED,
     PARTITION_FAILED,
     PARTITION_PENDING,
+    PLACED_COLUMNS,
 )
 from dbcluster.inlists import in_batches
 from dbcluster.schema import job_coordination, job_execution, partitions
@@ -838,6 +839,17 @@ class CoordinationStore:
         """Place PENDING partitions in the caller's transaction, at most the provider's
         ``partition_write_batch`` rows a statement (SQL Server escalates a statement's row
         locks to a table lock past about 5,000)."""
+        arrays = self.prepared(
+            "insert partitions from arrays", self.provider.insert_partitions_from_arrays
+        )
+        if arrays is not None and len(rows) > 1:
+            unknown = {name for row in rows for name in row} - set(PLACED_COLUMNS)
+            if unknown:
+                raise ValueError(f"partition rows name columns a placement does not set: {unknown}")
+            conn.execute(
+                arrays, {f"a_{name}": [row.get(name) for row in rows] for name in PLACED_COLUMNS}
+            )
+            return
         stmt = self.prepared("insert partitions", self.provider.insert_partitions)
         for batch in in_batches(rows, self.provider.partition_write_batch):
             conn.execute(stmt, batch)

@@ -24,6 +24,7 @@ from sqlalchemy import (
     Insert,
     Select,
     String,
+    Table,
     Update,
     and_,
     bindparam,
@@ -31,6 +32,7 @@ from sqlalchemy import (
     exists,
     func,
     insert,
+    literal,
     literal_column,
     or_,
     select,
@@ -65,6 +67,18 @@ PARTITION_CLAIMED = "CLAIMED"
 PARTITION_COMPLETED = "COMPLETED"
 PARTITION_FAILED = "FAILED"
 PARTITION_IN_FLIGHT = (PARTITION_PENDING, PARTITION_CLAIMED)
+#: The columns a placement gives each partition row it inserts (the others: see
+#: :meth:`QueryProvider.insert_partitions`).
+PLACED_COLUMNS = (
+    "step_execution_id",
+    "job_execution_id",
+    "master_step_execution_id",
+    "partition_name",
+    "assigned_node",
+    "transferable",
+    "max_attempts",
+    "trace_context",
+)
 # Job execution statuses the stop request reads and writes (BatchStatus values; the provider
 # does not import the batch model).
 JOB_STARTING = "STARTING"
@@ -160,6 +174,9 @@ class QueryProvider:
     #: ``UPDATE a, b SET a.x = ..., b.y = ... WHERE ...`` (MySQL, MariaDB): the same, one
     #: statement changing the rows of two tables (both or neither).
     supports_multi_table_update: ClassVar[bool] = False
+    #: A multi-row INSERT can take each column's values as one array parameter and unnest them
+    #: (see :meth:`insert_from_arrays`).
+    supports_array_insert: ClassVar[bool] = False
     #: The driver has an autocommit mode SQLAlchemy can set (``isolation_level="AUTOCOMMIT"``):
     #: single statements then cost one round trip. Without it they run in short transactions.
     supports_autocommit: ClassVar[bool] = True
@@ -328,6 +345,20 @@ class QueryProvider:
             return step_update.where(sc.c.step_execution_id == se.c.step_execution_id).values(
                 {sc.c[name]: value for name, value in context_values.items()}
             )
+        return None
+
+    def insert_from_arrays(
+        self,
+        table: Table,
+        columns: Sequence[str],
+        values: Mapping[str, Any] | None = None,
+    ) -> Insert | None:
+        """Where :attr:`supports_array_insert`: an INSERT of many rows whose every column in
+        ``columns`` is one array parameter named ``a_<column>`` (the rows pass as a list per
+        column), plus ``values``, expressions the same for every row. One short statement for
+        any number of rows: no text of thousands of placeholders for the driver to parse on
+        each execution, as an executemany folded into multi-row VALUES has. None: the caller
+        runs an executemany."""
         return None
 
     def in_transaction(self, dbapi_connection: Any) -> bool | None:
@@ -699,15 +730,27 @@ class QueryProvider:
 
     # --- partitions -----------------------------------------------------------------------------
 
+    def _placed_values(self) -> dict[str, Any]:
+        return {
+            "status": PARTITION_PENDING,
+            "attempt": 1,
+            "created_time": self.now(),
+            "last_updated": self.now(),
+        }
+
     def insert_partitions(self) -> Insert:
         """An executemany-able INSERT of PENDING partition rows; ``created_time`` and
         ``last_updated`` come from the database clock."""
-        return insert(partitions).values(
-            status=PARTITION_PENDING,
-            attempt=1,
-            created_time=self.now(),
-            last_updated=self.now(),
-        )
+        return insert(partitions).values(**self._placed_values())
+
+    def insert_partitions_from_arrays(self) -> Insert | None:
+        """:meth:`insert_partitions` as one statement for many rows, their
+        :data:`PLACED_COLUMNS` passed as arrays (:meth:`insert_from_arrays`), or None."""
+        values = {
+            name: value if isinstance(value, ColumnElement) else literal(value)
+            for name, value in self._placed_values().items()
+        }
+        return self.insert_from_arrays(partitions, PLACED_COLUMNS, values)
 
     def _guarded(
         self, step_execution_id: int, node_id: str, attempt: int, statuses: Iterable[str]
@@ -973,22 +1016,20 @@ class QueryProvider:
             .returning(*se.c)
             .cte("dbc_started")
         )
+        # A join tree, not a subquery: the columns are named once, which keeps the statement
+        # short enough for the driver to cache its parsing (psycopg: 4,096 characters).
         won = (
-            select(*self._claimed_columns(claimed, started))
-            .select_from(claimed)
-            .join(started, started.c.step_execution_id == claimed.c.step_execution_id)
+            claimed.join(started, started.c.step_execution_id == claimed.c.step_execution_id)
             .join(
                 job_coordination,
                 job_coordination.c.job_execution_id == claimed.c.job_execution_id,
             )
             .outerjoin(sc, sc.c.step_execution_id == claimed.c.step_execution_id)
-            .subquery("dbc_won")
         )
         return (
-            select(touched.c.node_id.label("dbc_node"), *won.c)
-            .select_from(touched)
-            .outerjoin(won, true())
-            .order_by(won.c.p_id)
+            select(touched.c.node_id.label("dbc_node"), *self._claimed_columns(claimed, started))
+            .select_from(touched.outerjoin(won, true()))
+            .order_by(claimed.c.step_execution_id)
         )
 
     @staticmethod

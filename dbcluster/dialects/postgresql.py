@@ -5,10 +5,24 @@ from __future__ import annotations
 
 import re
 import select as select_module
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any, ClassVar
 
-from sqlalchemy import Engine, Interval, Select, Text, column, func, literal, select
+from sqlalchemy import (
+    Engine,
+    Insert,
+    Interval,
+    Select,
+    Table,
+    Text,
+    bindparam,
+    column,
+    func,
+    insert,
+    literal,
+    select,
+)
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
@@ -53,10 +67,25 @@ class PostgreSQLProvider(QueryProvider):
     #: NOTIFY's limit is 8,000 bytes in the default configuration.
     notify_payload_max = 7900
     supports_writable_cte = True
+    supports_array_insert = True
     min_server_version = (13,)
 
     def now(self) -> ColumnElement[Any]:
         return self._clock("timezone('UTC', clock_timestamp())")
+
+    def insert_from_arrays(
+        self,
+        table: Table,
+        columns: Sequence[str],
+        values: Mapping[str, Any] | None = None,
+    ) -> Insert | None:
+        """``INSERT INTO t (...) SELECT ... FROM unnest(%(a_x)s::T[], ...) AS rows(x, ...)``."""
+        arrays = [bindparam(f"a_{name}", type_=ARRAY(table.c[name].type)) for name in columns]
+        rows = func.unnest(*arrays).table_valued(*columns).render_derived(name="dbc_rows")
+        extra = dict(values or {})
+        return insert(table).from_select(
+            [*columns, *extra], select(*(rows.c[name] for name in columns), *extra.values())
+        )
 
     def older_than(self, column: ColumnElement[Any], ms: int) -> ColumnElement[bool]:
         return column < self.now() - literal(timedelta(milliseconds=ms), Interval())

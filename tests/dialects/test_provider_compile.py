@@ -298,3 +298,21 @@ def test_a_wake_up_can_carry_the_ids_it_placed() -> None:
     assert named == ids[: len(named)] and len(named) > 900
     assert offered_ids("") == [] and offered_ids("7,x,9") == [7, 9]
     assert offer_payload([], 100) == ""
+
+
+def test_many_rows_are_one_insert_of_arrays_where_the_database_allows() -> None:
+    from dbcluster.batch.repository import _NEW_STEP_COLUMNS
+
+    placed = {n: provider_for_name(n).insert_partitions_from_arrays() for n in BUILTIN_NAMES}
+    assert sorted(n for n, found in placed.items() if found is not None) == ["postgresql"]
+    dialect = provider_for_name("postgresql").dialect
+    sql = str(placed["postgresql"].compile(dialect=dialect))  # type: ignore[union-attr]
+    assert sql.startswith("INSERT INTO batch_partitions (step_execution_id, job_execution_id,")
+    assert "FROM unnest(%(a_step_execution_id)s::BIGINT[], " in sql
+    assert "timezone('UTC', clock_timestamp())" in sql
+    assert len(sql) < 2000, "one short text, whatever the number of rows"
+    steps = provider_for_name("postgresql").insert_from_arrays(
+        schema.step_execution, _NEW_STEP_COLUMNS
+    )
+    sql = str(steps.compile(dialect=dialect))  # type: ignore[union-attr]
+    assert "%(a_step_name)s::VARCHAR(201)[]" in sql and "AS dbc_rows(version, step_name" in sql

@@ -30,6 +30,7 @@ __all__ = [
     "test_batched_claims_split_the_partitions_between_concurrent_claimers",
     "test_a_claim_in_one_statement_gives_what_four_give",
     "test_a_claim_passes_over_a_partition_another_transaction_holds",
+    "test_bulk_creation_writes_what_row_by_row_writes",
     "test_a_poll_offers_own_partitions_and_those_it_may_steal",
     "test_removing_a_node_fences_what_it_claimed",
     "test_a_node_leaving_fences_what_it_still_has_claimed",
@@ -406,6 +407,90 @@ class _FourStatements:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._provider, name)
+
+
+class _NoArrays:
+    """A provider as it is, except that it inserts many rows by executemany."""
+
+    def __init__(self, provider: QueryProvider) -> None:
+        self._provider = provider
+
+    def insert_from_arrays(self, *args: Any) -> None:
+        return None
+
+    def insert_partitions_from_arrays(self) -> None:
+        return None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._provider, name)
+
+
+def test_bulk_creation_writes_what_row_by_row_writes(dbc_backend: Any) -> None:
+    """Where the provider inserts many rows from arrays (:meth:`QueryProvider.insert_from_arrays`),
+    a placement's step executions, contexts and partition rows are what an executemany writes:
+    each step execution under the id it was returned with, NULLs and booleans kept."""
+    from dbcluster.batch.context import ExecutionContext
+
+    engine, provider = dbc_backend.engine, _provider(dbc_backend)
+    paths = {"executemany": _NoArrays(provider)}
+    if provider.insert_from_arrays(partitions, ["partition_name"]) is not None:
+        paths["arrays"] = provider
+    seen: dict[str, Any] = {}
+    long_text = "x" * (schema.SHORT_CONTEXT_LENGTH + 10)
+    for name, chosen in paths.items():
+        repository = JobRepository(engine)
+        if name == "executemany":
+            repository._bulk_inserts = None
+        job_id, _, master_id = _job(engine, 0)
+        execution = repository.get_job_execution(job_id)
+        assert execution is not None
+        contexts = [ExecutionContext({"i": i}) for i in range(3)]
+        contexts[2].put("long", long_text)
+        created = repository.create_step_executions(
+            execution, [(f"suite.worker:b{i}", ctx) for i, ctx in enumerate(contexts)]
+        )
+        ids = [se.id for se in created]
+        for se, i in zip(created, range(3), strict=True):
+            loaded = repository.get_step_execution(se.id)
+            assert loaded is not None and loaded.step_name == f"suite.worker:b{i}"
+            assert loaded.execution_context.get("i") == i
+        assert repository.get_step_execution(ids[2]).execution_context.get("long") == long_text
+        store = _store(engine, chosen)
+        rows = [
+            {
+                "step_execution_id": sid,
+                "job_execution_id": job_id,
+                "master_step_execution_id": master_id,
+                "partition_name": f"b{i}",
+                "assigned_node": "suite-bulk" if i else None,
+                "transferable": bool(i % 2),
+                "max_attempts": i + 1,
+                "trace_context": f"00-{i}" if i == 2 else None,
+            }
+            for i, sid in enumerate(ids)
+        ]
+        with engine.begin() as conn:
+            store.insert_partitions(conn, rows)
+        stored = [_partition(engine, sid) for sid in ids]
+        seen[name] = [
+            (
+                r.partition_name,
+                r.assigned_node,
+                r.transferable,
+                r.max_attempts,
+                r.trace_context,
+                r.status,
+                r.attempt,
+            )
+            for r in stored
+        ]
+        assert all(r.created_time is not None and r.last_updated is not None for r in stored)
+    assert seen["executemany"] == [
+        ("b0", None, False, 1, None, "PENDING", 1),
+        ("b1", "suite-bulk", True, 2, None, "PENDING", 1),
+        ("b2", "suite-bulk", False, 3, "00-2", "PENDING", 1),
+    ]
+    assert len(set(map(repr, seen.values()))) == 1, seen
 
 
 def test_a_claim_in_one_statement_gives_what_four_give(dbc_backend: Any) -> None:
