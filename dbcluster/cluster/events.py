@@ -51,6 +51,10 @@ class ClusterEvents:
     def released(self, node_id: str, partition: str | None, step_execution_id: int | None) -> None:
         """A partition (or, with None, every unclaimed one of the node) was handed back."""
 
+    def withdrawn(self, node_id: str, reason: str, handed_back: int) -> None:
+        """The node's claims kept failing (not on the database's passing trouble): it takes no
+        partitions until one works again, and handed back ``handed_back`` unclaimed ones."""
+
     def lost(self, node_id: str, partition: str, step_execution_id: int, reason: str) -> None:
         """A running partition's fence broke: it moved, so this node commits nothing more for it."""
 

@@ -5,8 +5,9 @@
   began) or its heartbeat is older than ``unreachable_threshold``. A Kubernetes liveness probe
   that restarts a pod on 503 restarts a node that no longer takes part.
 - ``/readyz``: 200 when the node can take work: healthy, with a worker (capacity above 0) whose
-  poller runs. A node busy with ``concurrency_limit`` partitions is still ready (it will poll
-  again as soon as one ends); its body says how many slots are free.
+  poller runs and whose claims work (see :mod:`dbcluster.cluster.worker`). A node busy with
+  ``concurrency_limit`` partitions is still ready (it will poll again as soon as one ends); its
+  body says how many slots are free.
 
 Both answer JSON with what they judged. The server is the standard library's, one thread per
 request, so it needs no extra and never touches the database.
@@ -74,6 +75,8 @@ def readiness(node: Node) -> tuple[bool, dict[str, Any]]:
         ok, state["status"] = False, "takes no partitions (capacity 0)"
     elif ok and worker is not None and worker.stopped:
         ok, state["status"] = False, "its poller stopped"
+    elif ok and worker is not None and worker.withdrawn is not None:
+        ok, state["status"] = False, f"takes no partitions for now: {worker.withdrawn}"
     state["free_slots"] = max(0, node.capacity - state["load"])
     return ok, state
 

@@ -18,6 +18,18 @@ its node has not heartbeaten for ``unreachable_threshold`` (or is gone), else on
 claimed first, without a poll; an offer another node took meanwhile is simply not won, and a
 claim that won fewer than it was offered polls at once for the rest.
 
+**Claims that keep failing.** A claim that fails on the database's passing trouble (a deadlock,
+a lock timeout, a lost or refused connection) is simply tried again. One that fails
+:data:`CLAIM_FAILURES_TO_WITHDRAW` times in a row on anything else (a schema this version cannot
+use, a bug) withdraws the node from taking partitions: it publishes capacity 0, hands back what
+was placed on it and not claimed (its masters place that elsewhere; with no node left to take
+it, a master fails it after ``no_node_timeout``, so no job waits on it for ever) and reports not
+ready. It tries a claim (of what it may steal, else of nothing: the claim statement still runs)
+every :data:`WITHDRAWN_PROBE_POLLS` poll intervals, the first that works gives its capacity
+back; each withdrawal that follows without a claim of partitions working in between doubles
+that pause (a claim that only fails with partitions to claim cannot keep a job's master
+waiting: the pauses outgrow ``no_node_timeout``).
+
 **When it polls.** At once when woken: a completion on this node while more work was waiting, a
 notification that work was placed on it (see :mod:`dbcluster.cluster.notifier`), or a master on
 this node that placed some. Otherwise the interval adapts: short after a poll that found work,
@@ -30,9 +42,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from dbcluster.batch.domain import utcnow
+from dbcluster.batch.transactions import UnclearCommitError
 from dbcluster.cluster.executor import Executor
 from dbcluster.cluster.identity import Identity
 from dbcluster.cluster.service import Service
@@ -46,6 +62,31 @@ log = logging.getLogger("dbcluster.node")
 
 #: The poll interval right after a poll that found work (milliseconds).
 BUSY_POLL_MS = 25
+#: Claims failing in a row (not on the database's passing trouble) that withdraw a node from
+#: taking partitions.
+CLAIM_FAILURES_TO_WITHDRAW = 3
+#: A withdrawn node tries a claim every this many poll intervals (``task_polling_interval``),
+#: twice as long after each withdrawal that followed its last claim of partitions that worked.
+WITHDRAWN_PROBE_POLLS = 10
+#: The longest pause between a withdrawn node's tries (milliseconds).
+WITHDRAWN_PROBE_MAX_MS = 600_000
+
+
+def is_passing(provider: Any, error: BaseException) -> bool:
+    """Whether ``error`` is trouble the database gets over without anyone mending anything: a
+    transient error (deadlock, lock timeout, lost connection), a database that cannot be reached
+    or answers too late, a commit whose outcome is unclear."""
+    return provider.is_transient(error) or isinstance(
+        error,
+        (
+            OperationalError,
+            InterfaceError,
+            PoolTimeoutError,
+            UnclearCommitError,
+            ConnectionError,
+            TimeoutError,
+        ),
+    )
 
 
 class Worker(Service):
@@ -68,6 +109,11 @@ class Worker(Service):
         self._offers: dict[int, None] = {}
         self._offered_to: str | None = None
         self._offers_lock = threading.Lock()
+        self._claim_failures = 0
+        #: Withdrawals since a claim of partitions last worked.
+        self._withdrawals = 0
+        #: Why this node takes no partitions for now (its claims kept failing), or None.
+        self.withdrawn: str | None = None
 
     @property
     def load(self) -> int:
@@ -110,10 +156,61 @@ class Worker(Service):
         free = self.capacity - self.load
         if free <= 0:
             return  # a slot that frees up wakes the poll
-        if self._claim(identity, free):
+        try:
+            found = self._claim(identity, free)
+        except Exception as error:
+            self._claim_failed(identity, error)
+            raise
+        self._claim_failures = 0
+        if self.withdrawn is not None:
+            self._take_work_again(identity)
+        if found:
             self.interval_ms = BUSY_POLL_MS
         else:
             self.interval_ms = min(self.idle_interval_ms, self.interval_ms * 2)
+
+    def _claim_failed(self, identity: Identity, error: BaseException) -> None:
+        if is_passing(self.store.provider, error):
+            return
+        self._claim_failures += 1
+        withdrawing = self.withdrawn is None
+        if withdrawing:
+            if self._claim_failures < CLAIM_FAILURES_TO_WITHDRAW:
+                return
+            self.withdrawn = (
+                f"its last {self._claim_failures} claims failed: {type(error).__name__}: {error}"
+            )
+            self._withdrawals += 1
+            self.interval_ms = min(
+                WITHDRAWN_PROBE_MAX_MS,
+                self.idle_interval_ms * WITHDRAWN_PROBE_POLLS * 2 ** (self._withdrawals - 1),
+            )
+            log.error(
+                "node %s takes no partitions until a claim works again (%s); what was placed "
+                "on it goes back to its masters",
+                identity.node_id,
+                self.withdrawn,
+            )
+        # Again after each failed try: a master that had not yet seen the withdrawal may have
+        # placed more on it.
+        try:
+            if withdrawing:
+                self.store.set_capacity(identity.node_id, 0)
+            handed = self.store.release_pending(identity.node_id)
+        except Exception as exc:  # noqa: BLE001 - others steal what waits on it meanwhile
+            log.warning("node %s could not hand its partitions back: %s", identity.node_id, exc)
+            return
+        if withdrawing:
+            self.node.events.withdrawn(identity.node_id, self.withdrawn, handed)
+
+    def _take_work_again(self, identity: Identity) -> None:
+        """A claim worked after the node withdrew: it takes partitions again (unless it is
+        leaving, which withdrew its capacity for good)."""
+        if self.node.stopping:
+            return
+        self.store.set_capacity(identity.node_id, self.capacity)
+        log.info("node %s takes partitions again: a claim worked", identity.node_id)
+        self.withdrawn = None
 
     def _claim(self, identity: Identity, free: int) -> bool:
         """Claim once what a wake-up offered, else what a poll finds; True when anything was
@@ -135,6 +232,9 @@ class Worker(Service):
         # More may be waiting: poll again as soon as a slot frees up.
         self._backlog = len(polled) >= free or bool(self._offers)
         if not polled:
+            if self.withdrawn is not None:
+                # The claim itself must work before the node takes work again.
+                self.store.claim(identity.node_id, self.load, [], utcnow())
             return False
         points.reach("node.between_poll_and_claim", node_id=identity.node_id, partitions=polled)
         if identity.fenced.is_set() or self.node.stopping:
@@ -144,6 +244,7 @@ class Worker(Service):
         except NodeRemovedError as exc:
             self.node.fence(identity, str(exc))
             return True
+        self._withdrawals = 0
         if offered and len(won) < len(polled):
             self.wake()  # some offers were taken or moved meanwhile: poll for what else waits
         events = self.node.events
