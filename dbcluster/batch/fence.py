@@ -16,6 +16,8 @@ coordination row). Without a cluster an execution has no fence and nothing extra
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sqlalchemy import Connection
@@ -44,6 +46,24 @@ class Fence(Protocol):
         or raise :class:`FencedError`. ``execution`` is the step or job execution whose final
         state this transaction writes."""
         ...
+
+
+@dataclass(frozen=True)
+class FoldedGuard:
+    """A fence's final guarded ``UPDATE`` handed to the step's final write, to run in the same
+    statement where the database can (see ``QueryProvider.fold_guard``): the owner row is still
+    written first and held to ``COMMIT``; only the round trip goes. A fence offers one from
+    ``finish_guard(execution)`` (an optional method; a fence without it is finished on its
+    own)."""
+
+    #: The guarded UPDATE (built once, bound parameters).
+    statement: Any
+    #: Its parameters (``b_id`` is the step execution's id, as in the step's own write).
+    params: dict[str, Any]
+    #: The error to raise when the guard changed no row.
+    refused: Callable[[], FencedError]
+    #: Called once the write changed the owner row and the step's (before ``COMMIT``).
+    done: Callable[[], None]
 
 
 def hold(fence: Fence | None, conn: Connection) -> None:

@@ -33,6 +33,7 @@ from dbcluster import schema
 from dbcluster.batch.context import ExecutionContext
 from dbcluster.batch.domain import COUNTER_NAMES, JobExecution, JobInstance, StepExecution, utcnow
 from dbcluster.batch.exceptions import OptimisticLockingFailureError
+from dbcluster.batch.fence import FoldedGuard
 from dbcluster.batch.parameters import JobParameter, JobParameters, parse_value
 from dbcluster.batch.status import BatchStatus, ExitStatus
 from dbcluster.batch.transactions import RetryPolicy, Transactions
@@ -247,6 +248,10 @@ class JobRepository:
         self._update_step_and_context = _step_and_context_update(engine)
         #: Many step executions and contexts in two statements of arrays (None: executemany).
         self._bulk_inserts = _bulk_inserts(engine)
+        provider = _provider(engine)
+        #: Builds a step's final write with its fence's guard in one statement (None: apart).
+        self._fold = provider.fold_guard if provider.supports_writable_cte else None
+        self._folded: dict[tuple[Any, bool], Any] = {}
 
     def step_version_is(
         self, execution: StepExecution, version: int
@@ -700,12 +705,34 @@ class JobRepository:
             )
         return result
 
+    @property
+    def folds_guards(self) -> bool:
+        """Whether :meth:`update_step_execution` runs a fence's guard in its own statement."""
+        return self._fold is not None
+
+    def _folded_write(self, guard: Any, context: bool) -> Any:
+        key = (guard, context)
+        found = self._folded.get(key)
+        if found is None:
+            assert self._fold is not None
+            found = self._folded[key] = self._fold(
+                guard, _UPDATE_STEP, _UPDATE_STEP_CONTEXT if context else None
+            )
+        return found
+
     def update_step_execution(
-        self, execution: StepExecution, conn: Connection | None = None, *, context: bool = False
+        self,
+        execution: StepExecution,
+        conn: Connection | None = None,
+        *,
+        context: bool = False,
+        guard: FoldedGuard | None = None,
     ) -> None:
         """Persist status, exit status, times and counters; bumps ``version``. ``context``: its
         execution context too, in the same transaction (in the same statement where the
-        database can: a chunk's bookkeeping is then one round trip)."""
+        database can: a chunk's bookkeeping is then one round trip). ``guard``: the fence's
+        final guarded write, run first in the same statement (only where
+        :attr:`folds_guards`); it raises the guard's refusal when the guard changed no row."""
         combined = self._update_step_and_context if context else None
         now = utcnow()
         values = _execution_values(execution, now)
@@ -716,17 +743,25 @@ class JobRepository:
             text = execution.execution_context.to_json()
             values.update(_context_values(execution.id, text))
         with self.transaction(conn) as c:
-            if context and combined is None:
-                self._write_step_context(c, execution, values)
-            if combined is not None:  # both rows or neither: 0 is a refusal
+            if guard is not None:
+                row = c.execute(
+                    self._folded_write(guard.statement, context), {**values, **guard.params}
+                ).one()
+                if row.guarded != 1:
+                    raise guard.refused()
+                refused = row.written != 1
+            elif combined is not None:  # both rows or neither: 0 is a refusal
                 refused = c.execute(combined, values).rowcount == 0
             else:
+                if context:
+                    self._write_step_context(c, execution, values)
                 refused = c.execute(_UPDATE_STEP, values).rowcount != 1
             if refused:
+                one_statement = combined is not None or (guard is not None and context)
                 raise OptimisticLockingFailureError(
                     f"step execution {execution.id} ({execution.step_name!r}, version "
                     f"{execution.version}) was updated by someone else"
-                    f"{' or its context no longer exists' if combined is not None else ''}; "
+                    f"{' or its context no longer exists' if one_statement else ''}; "
                     f"this update was refused"
                 )
         execution.version += 1

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from sqlalchemy import Connection
 
 from dbcluster.batch.domain import StepExecution, utcnow
+from dbcluster.batch.fence import FoldedGuard
 from dbcluster.batch.listeners import call_listeners
 from dbcluster.batch.observe import observers
 from dbcluster.batch.status import BatchStatus, ExitStatus
@@ -32,6 +33,16 @@ def persist_step(step_execution: StepExecution, runtime: BatchRuntime, conn: Con
     runtime.repository.update_step_execution(
         step_execution, conn, context=step_execution.execution_context.dirty
     )
+
+
+def fold_finish(step_execution: StepExecution, runtime: BatchRuntime) -> FoldedGuard | None:
+    """The step's fence's final guard, for the step's final write to run in its own statement,
+    where both the fence (``finish_guard``) and the repository (``folds_guards``) can."""
+    offer = getattr(step_execution.fence, "finish_guard", None)
+    if offer is None or not runtime.repository.folds_guards:
+        return None
+    folded: FoldedGuard | None = offer(step_execution)
+    return folded
 
 
 def conclude_step(step_execution: StepExecution) -> None:
@@ -101,6 +112,14 @@ def commit_step(
             ending = True
         if se.fence is not None:
             if ending:
+                folded = fold_finish(se, runtime)
+                if folded is not None:
+                    # The fence's guard and the step's write in one statement (guard first).
+                    repository.update_step_execution(
+                        se, conn, context=se.execution_context.dirty, guard=folded
+                    )
+                    folded.done()
+                    return result
                 se.fence.finish(conn, se)
             else:
                 se.fence.hold(conn)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection
 
 from dbcluster.batch.domain import StepExecution
-from dbcluster.batch.fence import FencedError
+from dbcluster.batch.fence import FencedError, FoldedGuard
 from dbcluster.batch.status import BatchStatus
 from dbcluster.dialects.base import PARTITION_COMPLETED, PARTITION_FAILED
 
@@ -89,6 +89,27 @@ class PartitionFence:
         if changed != 1:
             raise self._refuse("it moved")
         self.outcome = outcome
+
+    def finish_guard(self, execution: Any) -> FoldedGuard | None:
+        """:meth:`finish` as a guard the step's final write runs in its own statement, where
+        the store has it as one statement (see :class:`~dbcluster.batch.fence.FoldedGuard`)."""
+        if self.fenced.is_set():
+            raise self._refuse(f"node {self.node_id} is fenced")
+        assert isinstance(execution, StepExecution)
+        outcome = self.outcome_of(execution)
+        statement = self.store.end_partition_statement(outcome)
+        if statement is None:
+            return None
+
+        def done() -> None:
+            self.outcome = outcome
+
+        return FoldedGuard(
+            statement,
+            {"b_id": self.step_execution_id, "b_node": self.node_id, "b_attempt": self.attempt},
+            refused=lambda: self._refuse("it moved"),
+            done=done,
+        )
 
     def outcome_of(self, execution: StepExecution) -> str:
         if execution.status is BatchStatus.COMPLETED:

@@ -539,6 +539,14 @@ class CoordinationStore:
         """A running partition's last transaction records its outcome: COMPLETED or FAILED
         (:meth:`QueryProvider.finish_partition`), RELEASED (handed back) or RETRIED (back to
         PENDING for another try); its row count."""
+        return self.run(
+            conn,
+            ("end", outcome),
+            lambda: self._end_partition(outcome),
+            {"b_id": step_execution_id, "b_node": node_id, "b_attempt": attempt},
+        )
+
+    def _end_partition(self, outcome: str) -> Any:
         provider = self.provider
         builders: dict[str, Callable[[Any, Any, Any], Any]] = {
             "RELEASED": provider.release_partition,
@@ -548,13 +556,18 @@ class CoordinationStore:
             ),
             PARTITION_FAILED: lambda i, n, a: provider.finish_partition(i, n, a, PARTITION_FAILED),
         }
-        build = builders[outcome]
-        return self.run(
-            conn,
-            ("end", outcome),
-            lambda: build(bindparam("b_id"), bindparam("b_node"), bindparam("b_attempt")),
-            {"b_id": step_execution_id, "b_node": node_id, "b_attempt": attempt},
-        )
+        return builders[outcome](bindparam("b_id"), bindparam("b_node"), bindparam("b_attempt"))
+
+    def end_partition_statement(self, outcome: str) -> Any | None:
+        """:meth:`end_partition`'s guarded UPDATE (parameters ``b_id``, ``b_node``,
+        ``b_attempt``), built once, for a write that runs it in its own statement; None where
+        the database bounds its lock wait with statements of its own first."""
+
+        def build() -> Any:
+            statement = self._end_partition(outcome)
+            return statement if len(self.provider.bounded(statement)) == 1 else None
+
+        return self.prepared(("end statement", outcome), build)
 
     def release(self, step_execution_id: int, node_id: str, attempt: int) -> bool:
         return self._guarded(

@@ -347,6 +347,35 @@ class QueryProvider:
             )
         return None
 
+    def fold_guard(
+        self, guard: Update, step_update: Update, context_update: Update | None = None
+    ) -> Select[Any] | None:
+        """Where :attr:`supports_writable_cte`: a step's final write and the guarded UPDATE of
+        its owner row (``guard``, e.g. a partition's finish) as one statement, in the lock order
+        of the transaction it replaces: the guard's row first; then the context row (when
+        ``context_update`` is given) and the step execution row, each written only if the one
+        before changed. It answers one row: ``guarded`` (rows the guard changed: 1 or 0) and
+        ``written`` (step execution rows written: 1, or 0 when the guard refused or the version
+        was stale). The three share their bind parameters (``b_id`` names the step execution).
+        None: the guard and the write are statements of their own."""
+        if not self.supports_writable_cte:
+            return None
+        se, sc = schema.step_execution, schema.step_execution_context
+        held_rows = guard.returning(literal_column("1").label("dbc_held")).cte("dbc_guard")
+        held = exists(select(held_rows.c.dbc_held))
+        last = step_update.where(held)
+        if context_update is not None:
+            context = context_update.where(held).returning(sc.c.step_execution_id)
+            written_context = context.cte("dbc_context")
+            last = step_update.where(
+                se.c.step_execution_id.in_(select(written_context.c.step_execution_id))
+            )
+        written = last.returning(se.c.step_execution_id).cte("dbc_written")
+        return select(
+            select(func.count()).select_from(held_rows).scalar_subquery().label("guarded"),
+            select(func.count()).select_from(written).scalar_subquery().label("written"),
+        )
+
     def insert_from_arrays(
         self,
         table: Table,

@@ -6,6 +6,8 @@ providers produce SQL those dialects accept, with the vendor functions we rely o
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from sqlalchemy import bindparam, select
 
@@ -316,3 +318,27 @@ def test_many_rows_are_one_insert_of_arrays_where_the_database_allows() -> None:
     )
     sql = str(steps.compile(dialect=dialect))  # type: ignore[union-attr]
     assert "%(a_step_name)s::VARCHAR(201)[]" in sql and "AS dbc_rows(version, step_name" in sql
+
+
+def test_a_final_write_carries_its_fence_in_one_statement_where_the_database_allows() -> None:
+    from dbcluster.batch.repository import _UPDATE_STEP, _UPDATE_STEP_CONTEXT
+
+    def folded(name: str, context: bool) -> Any:
+        provider = provider_for_name(name)
+        guard = provider.finish_partition(
+            bindparam("b_id"), bindparam("b_node"), bindparam("b_attempt"), PARTITION_COMPLETED
+        )
+        return provider.fold_guard(guard, _UPDATE_STEP, _UPDATE_STEP_CONTEXT if context else None)
+
+    assert [n for n in BUILTIN_NAMES if folded(n, False) is not None] == ["postgresql"]
+    dialect = provider_for_name("postgresql").dialect
+    plain = str(folded("postgresql", False).compile(dialect=dialect))
+    with_context = str(folded("postgresql", True).compile(dialect=dialect))
+    # The partition row first; each later write only if the one before changed its row.
+    assert plain.startswith("WITH dbc_guard AS \n(UPDATE batch_partitions SET status=")
+    assert "EXISTS (SELECT dbc_guard.dbc_held" in plain
+    assert plain.index("dbc_guard AS") < plain.index("dbc_written AS")
+    assert with_context.index("dbc_guard AS") < with_context.index("dbc_context AS")
+    assert with_context.index("dbc_context AS") < with_context.index("dbc_written AS")
+    assert "IN (SELECT dbc_context.step_execution_id" in with_context
+    assert "AS guarded" in plain and "AS written" in plain
