@@ -293,3 +293,23 @@ def cut_node(node: Node) -> Iterator[None]:
         for engine in unique:
             stack.enter_context(cut_engine(engine))
         yield
+
+
+def fail_partitions_elsewhere(engine: Engine, job_execution_id: int) -> dict[str, Any]:
+    """Fail a job's in-flight partitions from a connection of its own on a thread, as its master
+    or a survivor would: the :func:`~dbcluster.testing.waiting.in_thread` dict, whose ``moved``
+    gets the rows the statement changed once it committed (a fenced transaction that holds a
+    partition row makes it wait)."""
+    from dbcluster.dialects import get_provider
+    from dbcluster.testing.waiting import in_thread
+
+    moved: list[int] = []
+    statement = get_provider(engine).fail_job_partitions(job_execution_id)
+
+    def fail() -> None:
+        with engine.begin() as conn:
+            moved.append(conn.execute(statement).rowcount)
+
+    transfer = in_thread(fail)
+    transfer["moved"] = moved
+    return transfer

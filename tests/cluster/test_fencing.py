@@ -46,6 +46,7 @@ from dbcluster.testing.app import (
 from dbcluster.testing.backends import Backend
 from dbcluster.testing.control import (
     cut_node,
+    fail_partitions_elsewhere,
     fail_statements,
     freeze,
     hold_services,
@@ -200,14 +201,8 @@ def test_a_transfer_waits_for_the_chunk_that_holds_its_partition(
         run = in_thread(lambda: master.launch("items", {"run": 1}))
         parked = park.wait()[0]
         job_id = parked["step_execution"].job_execution.id
-        moved: list[int] = []
-        provider = backend.provider
-
-        def fail_partition() -> None:
-            with backend.engine.begin() as conn:
-                moved.append(conn.execute(provider.fail_job_partitions(job_id)).rowcount)
-
-        transfer = in_thread(fail_partition)
+        transfer = fail_partitions_elsewhere(backend.engine, job_id)
+        moved = transfer["moved"]
         transfer["thread"].join(0.4)
         assert transfer["thread"].is_alive() and not moved, (
             "the partition was failed while a chunk transaction held it"

@@ -16,7 +16,7 @@ from dbcluster.schema import partitions, step_execution
 from dbcluster.testing import points
 from dbcluster.testing.app import FAST_SETTINGS, RangePartitioner, build_registry, ledger
 from dbcluster.testing.backends import Backend
-from dbcluster.testing.control import record_events
+from dbcluster.testing.control import fail_partitions_elsewhere, record_events
 from dbcluster.testing.waiting import in_thread
 
 SETTINGS = FAST_SETTINGS.with_overrides(concurrency_limit=2)
@@ -99,7 +99,6 @@ def test_a_transfer_waits_for_the_final_write_that_holds_its_partition(
     registry = _registry(body)
     master = make_cluster(SETTINGS, registry=registry, work=False)
     make_cluster(SETTINGS, registry=registry)
-    provider = backend.provider
 
     def parked_on_final(**details: Any) -> bool:
         se = details.get("step_execution")
@@ -109,13 +108,8 @@ def test_a_transfer_waits_for_the_final_write_that_holds_its_partition(
         run = in_thread(lambda: master.launch("moved", {"run": 2}))
         parked = park.wait()[0]
         job_id = parked["step_execution"].job_execution.id
-        moved: list[int] = []
-
-        def fail_partition() -> None:
-            with backend.engine.begin() as conn:
-                moved.append(conn.execute(provider.fail_job_partitions(job_id)).rowcount)
-
-        transfer = in_thread(fail_partition)
+        transfer = fail_partitions_elsewhere(backend.engine, job_id)
+        moved = transfer["moved"]
         transfer["thread"].join(0.4)
         assert transfer["thread"].is_alive() and not moved, (
             "the partition was failed while its final write held it"
