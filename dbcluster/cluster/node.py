@@ -214,7 +214,9 @@ class Node:
 
     def _join(self) -> Identity:
         node_id = f"{self.settings.node_id_prefix}-{uuid.uuid4().hex}"
-        self.store.register(node_id, self.host, self.capacity)
+        # A worker that withdrew (its claims kept failing) rejoins without capacity.
+        withdrawn = self.worker is not None and self.worker.withdrawn is not None
+        self.store.register(node_id, self.host, 0 if withdrawn else self.capacity)
         identity = Identity(node_id)
         with self._lock:
             self._identity = identity

@@ -44,7 +44,7 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import DBAPIError, InterfaceError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from dbcluster.batch.domain import utcnow
@@ -74,18 +74,16 @@ WITHDRAWN_PROBE_MAX_MS = 600_000
 
 def is_passing(provider: Any, error: BaseException) -> bool:
     """Whether ``error`` is trouble the database gets over without anyone mending anything: a
-    transient error (deadlock, lock timeout, lost connection), a database that cannot be reached
-    or answers too late, a commit whose outcome is unclear."""
-    return provider.is_transient(error) or isinstance(
-        error,
-        (
-            OperationalError,
-            InterfaceError,
-            PoolTimeoutError,
-            UnclearCommitError,
-            ConnectionError,
-            TimeoutError,
-        ),
+    transient error (deadlock, lock timeout, a lost or refused connection: the provider's
+    classifier), a server that takes no writes for now (read-only after a switchover), a pool
+    or client timeout, a commit whose outcome is unclear. Not every driver ``OperationalError``
+    is: SQLite and MySQL report a missing column as one."""
+    if provider.is_transient(error) or provider.is_read_only(error):
+        return True
+    if isinstance(error, DBAPIError) and error.connection_invalidated:
+        return True
+    return isinstance(
+        error, (InterfaceError, PoolTimeoutError, UnclearCommitError, ConnectionError, TimeoutError)
     )
 
 
@@ -112,6 +110,8 @@ class Worker(Service):
         self._claim_failures = 0
         #: Withdrawals since a claim of partitions last worked.
         self._withdrawals = 0
+        #: The node id under which a withdrawal's capacity 0 was written.
+        self._withdrawn_as: str | None = None
         #: Why this node takes no partitions for now (its claims kept failing), or None.
         self.withdrawn: str | None = None
 
@@ -191,13 +191,15 @@ class Worker(Service):
                 identity.node_id,
                 self.withdrawn,
             )
-        # Again after each failed try: a master that had not yet seen the withdrawal may have
-        # placed more on it.
+        # After each failed try, not only the first: capacity 0 until it is written under the
+        # node's current id (a failed write, a rejoin under a new id), and what a master placed
+        # before it saw the withdrawal goes back.
         try:
-            if withdrawing:
+            if self._withdrawn_as != identity.node_id:
                 self.store.set_capacity(identity.node_id, 0)
+                self._withdrawn_as = identity.node_id
             handed = self.store.release_pending(identity.node_id)
-        except Exception as exc:  # noqa: BLE001 - others steal what waits on it meanwhile
+        except Exception as exc:  # noqa: BLE001 - tried again after the next failed claim
             log.warning("node %s could not hand its partitions back: %s", identity.node_id, exc)
             return
         if withdrawing:
@@ -209,8 +211,12 @@ class Worker(Service):
         if self.node.stopping:
             return
         self.store.set_capacity(identity.node_id, self.capacity)
+        if self.node.stopping:  # a graceful stop began meanwhile: its capacity 0 stands
+            self.store.set_capacity(identity.node_id, 0)
+            return
         log.info("node %s takes partitions again: a claim worked", identity.node_id)
         self.withdrawn = None
+        self._withdrawn_as = None
 
     def _claim(self, identity: Identity, free: int) -> bool:
         """Claim once what a wake-up offered, else what a poll finds; True when anything was
@@ -234,7 +240,10 @@ class Worker(Service):
         if not polled:
             if self.withdrawn is not None:
                 # The claim itself must work before the node takes work again.
-                self.store.claim(identity.node_id, self.load, [], utcnow())
+                try:
+                    self.store.claim(identity.node_id, self.load, [], utcnow())
+                except NodeRemovedError as exc:
+                    self.node.fence(identity, str(exc))
             return False
         points.reach("node.between_poll_and_claim", node_id=identity.node_id, partitions=polled)
         if identity.fenced.is_set() or self.node.stopping:

@@ -465,6 +465,17 @@ class QueryProvider:
     def _is_transient_driver_error(self, orig: BaseException | None) -> bool:
         return False
 
+    def is_read_only(self, error: BaseException) -> bool:
+        """Whether the database refused a write because it takes none for now (a read-only
+        server, as a primary demoted by a switchover is): no fault of the statement, and gone
+        once clients reach the new primary. A worker does not withdraw over it."""
+        if isinstance(error, DBAPIError):
+            return self._is_read_only_driver_error(error.orig)
+        return False
+
+    def _is_read_only_driver_error(self, orig: BaseException | None) -> bool:
+        return False
+
     def connect_error_hint(self, error: BaseException) -> str | None:
         """One line naming the fix for a connect failure the user must mend outside dbcluster
         (a missing system driver or package, an untrusted certificate); None for the rest."""

@@ -33,6 +33,16 @@ _SERVER_STATUS_IN_TRANS = 0x0001
 _TRANSIENT_ERRNOS = {1213, 1205, 1053, 4031, 1927, 3101, 2002, 2003, 2006, 2013, 2055}
 
 
+def _errno(orig: BaseException | None) -> int | None:
+    """The server's error number: PyMySQL and mysqlclient give args = (errno, message);
+    MariaDB Connector/Python gives args = (message,) with the number as ``errno``."""
+    errno = getattr(orig, "errno", None)
+    if not isinstance(errno, int):
+        args = getattr(orig, "args", ())
+        errno = args[0] if args and isinstance(args[0], int) else None
+    return errno
+
+
 class MySQLProvider(QueryProvider):
     name = "mysql"
     sqlalchemy_names = ("mysql",)
@@ -131,14 +141,13 @@ class MySQLProvider(QueryProvider):
             )
         return None
 
+    def _is_read_only_driver_error(self, orig: BaseException | None) -> bool:
+        # 1290: the server runs with --read-only (or super_read_only); 1792: a write in a
+        # READ ONLY transaction.
+        return _errno(orig) in (1290, 1792)
+
     def _is_transient_driver_error(self, orig: BaseException | None) -> bool:
-        # PyMySQL and mysqlclient: args = (errno, message); MariaDB Connector/Python: args =
-        # (message,) with the number as ``errno``.
-        errno = getattr(orig, "errno", None)
-        if not isinstance(errno, int):
-            args = getattr(orig, "args", ())
-            errno = args[0] if args and isinstance(args[0], int) else None
-        return errno in _TRANSIENT_ERRNOS
+        return _errno(orig) in _TRANSIENT_ERRNOS
 
 
 class MariaDBProvider(MySQLProvider):

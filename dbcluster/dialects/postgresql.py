@@ -14,6 +14,7 @@ from sqlalchemy import (
     Insert,
     Interval,
     Select,
+    String,
     Table,
     Text,
     bindparam,
@@ -27,9 +28,10 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.types import TypeEngine
 
 from dbcluster.dialects.base import Listener, QueryProvider, SessionLimits
-from dbcluster.schema import nodes
+from dbcluster.schema import ShortText, nodes
 
 #: What a channel name made by :meth:`QueryProvider.wake_channel` looks like (it goes into
 #: ``LISTEN`` as an identifier, which cannot be a bound parameter).
@@ -51,6 +53,18 @@ _TRANSIENT_SQLSTATES = {
 }
 #: Connect failures that repeating will not cure.
 _PERMANENT_CONNECT_ERRORS = ("authentication failed", "does not exist", "no pg_hba.conf entry")
+
+
+def _array_element(column_type: TypeEngine[Any]) -> TypeEngine[Any]:
+    """The element type of a column's array parameter: bounded text binds as unbounded
+    ``TEXT`` (an explicit cast to ``VARCHAR(n)`` would cut an over-long value where the column's
+    own assignment refuses it, as a plain INSERT does); a column that clips its values keeps its
+    type, whose processor clips them first."""
+    if isinstance(column_type, ShortText) and column_type.clip:
+        return column_type
+    if isinstance(column_type, (String, ShortText)):
+        return Text()
+    return column_type
 
 
 class PostgreSQLProvider(QueryProvider):
@@ -80,7 +94,10 @@ class PostgreSQLProvider(QueryProvider):
         values: Mapping[str, Any] | None = None,
     ) -> Insert | None:
         """``INSERT INTO t (...) SELECT ... FROM unnest(%(a_x)s::T[], ...) AS rows(x, ...)``."""
-        arrays = [bindparam(f"a_{name}", type_=ARRAY(table.c[name].type)) for name in columns]
+        arrays = [
+            bindparam(f"a_{name}", type_=ARRAY(_array_element(table.c[name].type)))
+            for name in columns
+        ]
         rows = func.unnest(*arrays).table_valued(*columns).render_derived(name="dbc_rows")
         extra = dict(values or {})
         return insert(table).from_select(
@@ -109,6 +126,10 @@ class PostgreSQLProvider(QueryProvider):
         values = self._node_values(host, capacity)
         stmt = pg_insert(nodes).values(node_id=node_id, created_time=self.now(), **values)
         conn.execute(stmt.on_conflict_do_update(index_elements=[nodes.c.node_id], set_=values))
+
+    def _is_read_only_driver_error(self, orig: BaseException | None) -> bool:
+        sqlstate = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+        return sqlstate == "25006"  # read_only_sql_transaction
 
     def _is_transient_driver_error(self, orig: BaseException | None) -> bool:
         sqlstate = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)

@@ -97,6 +97,10 @@ class SQLiteProvider(QueryProvider):
         stmt = sqlite_insert(nodes).values(node_id=node_id, created_time=self.now(), **values)
         conn.execute(stmt.on_conflict_do_update(index_elements=[nodes.c.node_id], set_=values))
 
+    def _is_read_only_driver_error(self, orig: BaseException | None) -> bool:
+        # SQLITE_READONLY: "attempt to write a readonly database" (a read-only file or mount).
+        return isinstance(orig, sqlite3.OperationalError) and "readonly" in str(orig).lower()
+
     def _is_transient_driver_error(self, orig: BaseException | None) -> bool:
         if isinstance(orig, sqlite3.OperationalError):
             message = str(orig).lower()

@@ -8,8 +8,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from sqlalchemy import select
-from sqlalchemy.exc import OperationalError, ProgrammingError
+from sqlalchemy import column as text_column
+from sqlalchemy import create_engine, delete, select
+from sqlalchemy.exc import DBAPIError, OperationalError, ProgrammingError
+from sqlalchemy.pool import NullPool
 
 from dbcluster.batch.status import BatchStatus
 from dbcluster.cluster import Cluster
@@ -48,12 +50,47 @@ def _capacity(backend: Backend, cluster: Cluster) -> int | None:
         ).scalar_one_or_none()
 
 
+def _real_error(engine: Any, work: Any) -> BaseException:
+    with pytest.raises(DBAPIError) as raised, engine.connect() as conn:
+        work(conn)
+    return raised.value
+
+
 def test_only_trouble_the_database_gets_over_is_passing(backend: Backend) -> None:
-    provider = backend.provider
-    assert is_passing(provider, OperationalError("SELECT 1", {}, Exception("server closed")))
-    assert is_passing(provider, ConnectionError("refused"))
-    assert not is_passing(provider, ProgrammingError("SELECT 1", {}, Exception("no column")))
+    """Errors the database raised for real: a missing column (an ``OperationalError`` on SQLite
+    and MySQL) is not passing trouble; a write refused by a read-only transaction (what a
+    demoted primary answers) is."""
+    provider, engine = backend.provider, backend.engine
+    missing = _real_error(
+        engine, lambda conn: conn.execute(select(text_column("dbc_no_such_column")))
+    )
+    assert not is_passing(provider, missing), missing
     assert not is_passing(provider, KeyError("p_id"))
+    assert is_passing(provider, ConnectionError("refused"))
+    if provider.name == "sqlite":
+        read_only = create_engine(f"sqlite:///file:{engine.url.database}?mode=ro&uri=true")
+        session_read_only = None
+    else:
+        # A session of its own (discarded after): its transactions are READ ONLY.
+        read_only = create_engine(engine.url, poolclass=NullPool)
+        session_read_only = (
+            "SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY"
+            if provider.name == "postgresql"
+            else "SET SESSION TRANSACTION READ ONLY"
+        )
+
+    def write(conn: Any) -> None:
+        if session_read_only is not None:
+            conn.exec_driver_sql(session_read_only)
+            conn.commit()
+        conn.execute(delete(nodes).where(nodes.c.node_id == "x"))
+
+    try:
+        refused = _real_error(read_only, write)
+    finally:
+        read_only.dispose()
+    assert provider.is_read_only(refused), refused
+    assert is_passing(provider, refused)
 
 
 def test_a_node_whose_claims_keep_failing_withdraws_and_its_work_runs_elsewhere(
@@ -123,3 +160,37 @@ def test_a_job_whose_only_node_cannot_claim_ends_instead_of_waiting(
             )
         ]
     assert messages and all("no live node" in m for m in messages), messages
+
+
+def test_a_withdrawn_node_keeps_no_capacity_after_a_failed_write_or_a_rejoin(
+    backend: Backend, make_cluster
+) -> None:
+    """Its capacity 0 is written again after a failed try until it lands under the node's
+    current id: when the first write failed (a database blip), and when the node rejoined under
+    a new id (it registers without capacity)."""
+    broken = make_cluster()
+    healthy = make_cluster()
+    _break_claims(broken)
+    store = broken.node.store
+    real_set_capacity = store.set_capacity
+    blips: list[int] = []
+
+    def set_capacity(node_id: str, capacity: int) -> None:
+        if capacity == 0 and not blips:
+            blips.append(capacity)
+            raise OperationalError("UPDATE batch_nodes ...", {}, Exception("server closed"))
+        real_set_capacity(node_id, capacity)
+
+    store.set_capacity = set_capacity  # type: ignore[method-assign]
+    assert healthy.launch("ledger", {"run": 4}).status is BatchStatus.COMPLETED
+    assert blips, "the fault was not injected"
+    wait_for(lambda: _capacity(backend, broken) == 0, timeout=10, what="capacity 0 written again")
+    old_id = broken.node.node_id
+    broken.node.fence(broken.node.identity, "test: fenced while withdrawn")
+    wait_for(
+        lambda: broken.node.node_id != old_id and _capacity(backend, broken) is not None,
+        timeout=10,
+        what="the node to rejoin",
+    )
+    assert _capacity(backend, broken) == 0, "it rejoined with capacity while withdrawn"
+    assert healthy.launch("ledger", {"run": 5}).status is BatchStatus.COMPLETED

@@ -257,3 +257,44 @@ def test_psycopg_connect_failure_without_sqlstate() -> None:
     assert not _transient("postgresql", denied)
     assert _transient("postgresql", psycopg.errors.DeadlockDetected("deadlock detected"))
     assert not _transient("postgresql", psycopg.errors.UniqueViolation("duplicate key"))
+
+
+# --- read-only servers ----------------------------------------------------------------------------
+
+
+def _read_only(provider_name: str, orig: BaseException) -> bool:
+    provider = provider_for_name(provider_name)
+    return provider.is_read_only(DBAPIError("UPDATE t SET x = 1", None, orig))  # type: ignore[arg-type]
+
+
+def test_a_write_refused_by_a_read_only_server_is_told_apart() -> None:
+    """What a demoted primary answers a write (a worker does not withdraw over it); the other
+    errors of a write are not that."""
+    import sqlite3
+
+    import psycopg
+    import pymysql
+
+    assert _read_only(
+        "postgresql",
+        psycopg.errors.ReadOnlySqlTransaction("cannot execute UPDATE in a read-only transaction"),
+    )
+    assert not _read_only("postgresql", psycopg.errors.UndefinedColumn("column x does not exist"))
+    for name in ("mysql", "mariadb"):
+        assert _read_only(
+            name,
+            pymysql.err.OperationalError(
+                1290,
+                "The MariaDB server is running with the --read-only option so it cannot execute "
+                "this statement",
+            ),
+        )
+        assert _read_only(
+            name,
+            pymysql.err.InternalError(1792, "Cannot execute statement in a READ ONLY transaction."),
+        )
+        assert not _read_only(name, pymysql.err.OperationalError(1054, "Unknown column 'x'"))
+    assert _read_only("sqlite", sqlite3.OperationalError("attempt to write a readonly database"))
+    assert not _read_only("sqlite", sqlite3.OperationalError("no such column: x"))
+    for name in ("oracle", "mssql", "db2"):
+        assert not _read_only(name, RuntimeError("not classified for this database"))

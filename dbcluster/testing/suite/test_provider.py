@@ -31,6 +31,7 @@ __all__ = [
     "test_a_claim_in_one_statement_gives_what_four_give",
     "test_a_claim_passes_over_a_partition_another_transaction_holds",
     "test_bulk_creation_writes_what_row_by_row_writes",
+    "test_bulk_creation_refuses_what_row_by_row_refuses",
     "test_a_poll_offers_own_partitions_and_those_it_may_steal",
     "test_removing_a_node_fences_what_it_claimed",
     "test_a_node_leaving_fences_what_it_still_has_claimed",
@@ -491,6 +492,42 @@ def test_bulk_creation_writes_what_row_by_row_writes(dbc_backend: Any) -> None:
         ("b2", "suite-bulk", False, 3, "00-2", "PENDING", 1),
     ]
     assert len(set(map(repr, seen.values()))) == 1, seen
+
+
+def test_bulk_creation_refuses_what_row_by_row_refuses(dbc_backend: Any) -> None:
+    """A partition name longer than its column fails a placement from arrays as it fails an
+    executemany (where the database enforces lengths), instead of being cut to fit."""
+    engine, provider = dbc_backend.engine, _provider(dbc_backend)
+    too_long = "p" * (partitions.c.partition_name.type.length + 20)  # type: ignore[attr-defined]
+    outcomes = {}
+    for name, chosen in {"executemany": _NoArrays(provider), "arrays": provider}.items():
+        job_id, ids, master_id = _job(engine, 2)
+        rows = [
+            {
+                "step_execution_id": sid,
+                "job_execution_id": job_id,
+                "master_step_execution_id": master_id,
+                "partition_name": f"{too_long}{i}",
+                "assigned_node": "suite-long",
+                "transferable": True,
+                "max_attempts": 1,
+                "trace_context": None,
+            }
+            for i, sid in enumerate(ids)
+        ]
+        try:
+            with engine.begin() as conn:
+                _store(engine, chosen).insert_partitions(conn, rows)
+        except DBAPIError as error:
+            outcomes[name] = f"refused ({type(error).__name__})"
+        else:
+            stored = {_partition(engine, sid).partition_name for sid in ids}
+            outcomes[name] = (
+                "stored whole"
+                if stored == {r["partition_name"] for r in rows}
+                else (f"stored cut: {sorted(len(n) for n in stored)}")
+            )
+    assert outcomes["arrays"] == outcomes["executemany"], outcomes
 
 
 def test_a_claim_in_one_statement_gives_what_four_give(dbc_backend: Any) -> None:
