@@ -272,7 +272,9 @@ def _rows(engine: Any, job_execution_id: int) -> list[Any]:
 
 def failover(url: str | None, p: Params) -> dict[str, Any]:
     """SIGKILL a node running transferable partitions: time until they run elsewhere. SIGTERM a
-    node with unstarted partitions: time until those run elsewhere."""
+    node with unstarted partitions: time until those run elsewhere. SIGKILL a node with
+    unstarted partitions: time until those start elsewhere. SIGKILL a job's master: time until
+    a survivor takes the job over."""
     s = FAILOVER_SETTINGS
     floor_ms = s.recovery_floor_ms
     with scratch_database(url) as db:
@@ -380,9 +382,62 @@ def failover(url: str | None, p: Params) -> dict[str, Any]:
                 "handoff_ms": round(term_ms),
                 "job_status": holder["ex"].status.value if "ex" in holder else "unknown",
             }
+            results["sigkill_unstarted"] = _unstarted_after_kill(engine, cluster, pool, s)
             results["master_sigkill"] = _master_takeover(db, engine, s)
         engine.dispose()
     return results
+
+
+def _unstarted_after_kill(
+    engine: Any, cluster: Cluster, pool: Any, s: ClusterSettings
+) -> dict[str, Any]:
+    """SIGKILL a node that holds partitions it has not started (one at a time, so the rest wait
+    on it): time until each of them runs on another node, beside its bound, the unreachable
+    threshold and a second (live nodes may claim a silent node's unstarted partitions as soon
+    as it has not heartbeaten for the threshold)."""
+    import threading
+
+    victim = pool.start(1, concurrency=1)[0]
+    pool.wait_registered(engine, 3)
+    holder: dict[str, Any] = {}
+    thread = threading.Thread(
+        target=lambda: holder.update(ex=cluster.launch("sleepy", {"ms": 1500, "r": 3})),
+        daemon=True,
+    )
+    thread.start()
+    prefix = f"bench{victim.index}-"
+
+    def placed_on_victim(status: str) -> list[int]:
+        return [
+            r.step_execution_id
+            for r in _rows_all(engine)
+            if (r.assigned_node or "").startswith(prefix) and r.status == status
+        ]
+
+    wait(lambda: placed_on_victim("CLAIMED"), 60, "the victim to start a partition")
+    unstarted = placed_on_victim("PENDING")
+    victim.process.send_signal(signal.SIGKILL)
+    killed = time.perf_counter()
+
+    def started_elsewhere() -> bool:
+        rows = {r.step_execution_id: r for r in _rows_all(engine)}
+        return all(
+            rows[i].status in ("CLAIMED", "COMPLETED")
+            and not (rows[i].assigned_node or "").startswith(prefix)
+            for i in unstarted
+        )
+
+    wait(started_elsewhere, 60, "the killed node's unstarted partitions to start elsewhere")
+    moved_ms = (time.perf_counter() - killed) * 1000
+    thread.join(timeout=60)
+    bound_ms = s.unreachable_threshold + 1000
+    return {
+        "unstarted_partitions": len(unstarted),
+        "start_elsewhere_ms": round(moved_ms),
+        "bound_ms": bound_ms,
+        "over_bound_ms": round(moved_ms - bound_ms),
+        "job_status": holder["ex"].status.value if "ex" in holder else "unknown",
+    }
 
 
 def _master_takeover(db: str, engine: Any, s: ClusterSettings) -> dict[str, Any]:
