@@ -128,13 +128,6 @@ def _provider(engine: Engine) -> Any:
     return get_provider(engine)
 
 
-def _step_and_context_update(engine: Engine) -> Any:
-    """The provider's one-statement write of a step's row and context, or None."""
-    return _provider(engine).update_step_and_context(
-        _UPDATE_STEP, _UPDATE_STEP_CONTEXT, _STEP_CONTEXT_VALUES
-    )
-
-
 #: The columns a bulk creation of step executions sets (see ``create_step_executions``).
 _NEW_STEP_COLUMNS = (
     "version",
@@ -151,10 +144,9 @@ _NEW_STEP_COLUMNS = (
 _NEW_CONTEXT_COLUMNS = ("step_execution_id", "short_context", "serialized_context")
 
 
-def _bulk_inserts(engine: Engine) -> tuple[Any, Any] | None:
+def _bulk_inserts(provider: Any) -> tuple[Any, Any] | None:
     """Step executions (returning their ids by name) and their contexts, each one statement
     of arrays for any number of rows, where the database can (None: executemany)."""
-    provider = _provider(engine)
     steps = provider.insert_from_arrays(_SE, _NEW_STEP_COLUMNS)
     contexts = provider.insert_from_arrays(_SC, _NEW_CONTEXT_COLUMNS)
     if steps is None or contexts is None:
@@ -244,11 +236,13 @@ class JobRepository:
         self.reader = reader or engine
         #: Step and job transactions, repeated on transient errors under ``retry``.
         self.transactions = Transactions(engine, retry)
-        #: A step's row and context in one statement, where the database can (None: two).
-        self._update_step_and_context = _step_and_context_update(engine)
-        #: Many step executions and contexts in two statements of arrays (None: executemany).
-        self._bulk_inserts = _bulk_inserts(engine)
         provider = _provider(engine)
+        #: A step's row and context in one statement, where the database can (None: two).
+        self._update_step_and_context = provider.update_step_and_context(
+            _UPDATE_STEP, _UPDATE_STEP_CONTEXT, _STEP_CONTEXT_VALUES
+        )
+        #: Many step executions and contexts in two statements of arrays (None: executemany).
+        self._bulk_inserts = _bulk_inserts(provider)
         #: Builds a step's final write with its fence's guard in one statement (None: apart).
         self._fold = provider.fold_guard if provider.supports_writable_cte else None
         self._folded: dict[tuple[Any, bool], Any] = {}

@@ -340,84 +340,58 @@ def failover(url: str | None, p: Params) -> dict[str, Any]:
                 "over_floor_ms": round(kill_ms - floor_ms),
                 "job_status": holder["ex"].status.value if "ex" in holder else "unknown",
             }
-            # SIGTERM: one partition at a time, so the leaver holds unstarted ones.
-            leaver = pool.start(1, concurrency=1)[0]
-            pool.wait_registered(engine, 3)
-            holder = {}
-            thread = threading.Thread(
-                target=lambda: holder.update(ex=cluster.launch("sleepy", {"ms": 1500, "r": 2})),
-                daemon=True,
-            )
-            thread.start()
-            prefix = f"bench{leaver.index}-"
-            wait(
-                lambda: any(
-                    r.status == "CLAIMED" and (r.assigned_node or "").startswith(prefix)
-                    for r in _rows_all(engine)
-                ),
-                60,
-                "the leaver to start a partition",
-            )
-            unstarted = [
-                r.step_execution_id
-                for r in _rows_all(engine)
-                if (r.assigned_node or "").startswith(prefix) and r.status == "PENDING"
-            ]
-            leaver.process.send_signal(signal.SIGTERM)
-            signalled = time.perf_counter()
-
-            def handed() -> bool:
-                rows = {r.step_execution_id: r for r in _rows_all(engine)}
-                return all(
-                    rows[i].status in ("CLAIMED", "COMPLETED")
-                    and not (rows[i].assigned_node or "").startswith(prefix)
-                    for i in unstarted
-                )
-
-            wait(handed, 30, "the leaver's unstarted partitions to run elsewhere")
-            term_ms = (time.perf_counter() - signalled) * 1000
-            thread.join(timeout=60)
+            # A node that runs one partition at a time holds unstarted ones when it goes.
+            count, term_ms, status = _unstarted_after(engine, cluster, pool, signal.SIGTERM, 2, 30)
             results["sigterm"] = {
-                "unstarted_partitions": len(unstarted),
+                "unstarted_partitions": count,
                 "handoff_ms": round(term_ms),
-                "job_status": holder["ex"].status.value if "ex" in holder else "unknown",
+                "job_status": status,
             }
-            results["sigkill_unstarted"] = _unstarted_after_kill(engine, cluster, pool, s)
+            count, kill_ms, status = _unstarted_after(engine, cluster, pool, signal.SIGKILL, 3, 60)
+            # Live nodes may claim a silent node's unstarted partitions as soon as it has not
+            # heartbeaten for the unreachable threshold: within a second of it.
+            bound_ms = s.unreachable_threshold + 1000
+            results["sigkill_unstarted"] = {
+                "unstarted_partitions": count,
+                "start_elsewhere_ms": round(kill_ms),
+                "bound_ms": bound_ms,
+                "over_bound_ms": round(kill_ms - bound_ms),
+                "job_status": status,
+            }
             results["master_sigkill"] = _master_takeover(db, engine, s)
         engine.dispose()
     return results
 
 
-def _unstarted_after_kill(
-    engine: Any, cluster: Cluster, pool: Any, s: ClusterSettings
-) -> dict[str, Any]:
-    """SIGKILL a node that holds partitions it has not started (one at a time, so the rest wait
-    on it): time until each of them runs on another node, beside its bound, the unreachable
-    threshold and a second (live nodes may claim a silent node's unstarted partitions as soon
-    as it has not heartbeaten for the threshold)."""
+def _unstarted_after(
+    engine: Any, cluster: Cluster, pool: Any, sig: signal.Signals, run: int, timeout_s: float
+) -> tuple[int, float, str]:
+    """Start a node that runs one partition at a time, launch the sleepy job, and once the node
+    runs a partition send it ``sig``: the partitions it had not started, the milliseconds until
+    each of them runs on another node, and the job's status."""
     import threading
 
-    victim = pool.start(1, concurrency=1)[0]
+    node = pool.start(1, concurrency=1)[0]
     pool.wait_registered(engine, 3)
     holder: dict[str, Any] = {}
     thread = threading.Thread(
-        target=lambda: holder.update(ex=cluster.launch("sleepy", {"ms": 1500, "r": 3})),
+        target=lambda: holder.update(ex=cluster.launch("sleepy", {"ms": 1500, "r": run})),
         daemon=True,
     )
     thread.start()
-    prefix = f"bench{victim.index}-"
+    prefix = f"bench{node.index}-"
 
-    def placed_on_victim(status: str) -> list[int]:
+    def placed_on_node(status: str) -> list[int]:
         return [
             r.step_execution_id
             for r in _rows_all(engine)
             if (r.assigned_node or "").startswith(prefix) and r.status == status
         ]
 
-    wait(lambda: placed_on_victim("CLAIMED"), 60, "the victim to start a partition")
-    unstarted = placed_on_victim("PENDING")
-    victim.process.send_signal(signal.SIGKILL)
-    killed = time.perf_counter()
+    wait(lambda: placed_on_node("CLAIMED"), 60, "the node to start a partition")
+    unstarted = placed_on_node("PENDING")
+    node.process.send_signal(sig)
+    sent = time.perf_counter()
 
     def started_elsewhere() -> bool:
         rows = {r.step_execution_id: r for r in _rows_all(engine)}
@@ -427,17 +401,10 @@ def _unstarted_after_kill(
             for i in unstarted
         )
 
-    wait(started_elsewhere, 60, "the killed node's unstarted partitions to start elsewhere")
-    moved_ms = (time.perf_counter() - killed) * 1000
+    wait(started_elsewhere, timeout_s, f"the unstarted partitions to run elsewhere ({sig.name})")
+    moved_ms = (time.perf_counter() - sent) * 1000
     thread.join(timeout=60)
-    bound_ms = s.unreachable_threshold + 1000
-    return {
-        "unstarted_partitions": len(unstarted),
-        "start_elsewhere_ms": round(moved_ms),
-        "bound_ms": bound_ms,
-        "over_bound_ms": round(moved_ms - bound_ms),
-        "job_status": holder["ex"].status.value if "ex" in holder else "unknown",
-    }
+    return len(unstarted), moved_ms, holder["ex"].status.value if "ex" in holder else "unknown"
 
 
 def _master_takeover(db: str, engine: Any, s: ClusterSettings) -> dict[str, Any]:

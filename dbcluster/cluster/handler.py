@@ -182,7 +182,9 @@ class ClusterPartitionHandler:
             # lock (SQLite has one for the whole database) while it reads its input.
             planned = step.plan(master, len(workers))
             points.reach("master.before_place", job_execution=job_execution)
-            works, placement = self._place(step, master, runtime, mastership, workers, planned)
+            works, placement, placed_on = self._place(
+                step, master, runtime, mastership, workers, planned
+            )
             if not works:
                 return []
             ids = [w.step_execution.id for w in works]
@@ -196,10 +198,7 @@ class ClusterPartitionHandler:
             )
             node.events.placed(mastership.node_id, job_execution.id, master.id, placement)
             # A master that is also a worker starts what it placed on itself without a poll.
-            node.offer(
-                mastership.node_id,
-                [w.step_execution.id for w in works if placement[w.name] == mastership.node_id],
-            )
+            node.offer(mastership.node_id, placed_on.get(mastership.node_id, []))
         with node.mastering():
             try:
                 self._monitor(step, master, mastership)
@@ -224,20 +223,26 @@ class ClusterPartitionHandler:
         mastership: Mastership,
         workers: list[NodeInfo],
         planned: Any,
-    ) -> tuple[list[PartitionWork], dict[str, str]]:
+    ) -> tuple[list[PartitionWork], dict[str, str], dict[str, list[int]]]:
         """One transaction on the coordination engine (on SQLite it begins IMMEDIATE, and it reads
         before it writes): hold the mastership while pointing the coordination row at this step,
-        create the partitions' step executions and insert their PENDING rows."""
+        create the partitions' step executions and insert their PENDING rows. Returns the
+        partitions, the node of each (by name) and the step execution ids placed on each node."""
         store = self.node.store
         context = master.execution_context.copy()
         placed: dict[str, Any] = {}
 
-        def work(conn: Connection) -> tuple[list[PartitionWork], dict[str, str]]:
+        def work(
+            conn: Connection,
+        ) -> tuple[list[PartitionWork], dict[str, str], dict[str, list[int]]]:
             master.execution_context.reset_to(context)
             mastership.place(conn, master.id, step.worker_step.name)
             works = step.split(master, len(workers), runtime, conn, planned=planned)
             placement = self.strategy.assign([w.name for w in works], workers) if works else {}
             traced = {"trace_context": tc} if (tc := observers.trace_context(master)) else {}
+            placed_on: dict[str, list[int]] = {}
+            for w in works:
+                placed_on.setdefault(placement[w.name], []).append(w.step_execution.id)
             if works:
                 store.insert_partitions(
                     conn,
@@ -255,14 +260,13 @@ class ClusterPartitionHandler:
                         for w in works
                     ],
                 )
-                placed_on: dict[str, list[int]] = {}
-                for w in works:
-                    placed_on.setdefault(placement[w.name], []).append(w.step_execution.id)
-                store.wake_nodes(conn, placement.values(), placed_on)
-            placed["result"] = (works, placement)
-            return works, placement
+                store.wake_nodes(conn, placed_on.keys(), placed_on)
+            placed["result"] = (works, placement, placed_on)
+            return works, placement, placed_on
 
-        def verify(conn: Connection) -> tuple[list[PartitionWork], dict[str, str]] | None:
+        def verify(
+            conn: Connection,
+        ) -> tuple[list[PartitionWork], dict[str, str], dict[str, list[int]]] | None:
             # The first try committed when its partitions exist; its in-memory result stands.
             if "result" in placed and store.partitions(master.id):
                 return placed["result"]  # type: ignore[no-any-return]

@@ -363,8 +363,9 @@ class QueryProvider:
         se, sc = schema.step_execution, schema.step_execution_context
         held_rows = guard.returning(literal_column("1").label("dbc_held")).cte("dbc_guard")
         held = exists(select(held_rows.c.dbc_held))
-        last = step_update.where(held)
-        if context_update is not None:
+        if context_update is None:
+            last = step_update.where(held)
+        else:
             context = context_update.where(held).returning(sc.c.step_execution_id)
             written_context = context.cte("dbc_context")
             last = step_update.where(

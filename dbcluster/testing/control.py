@@ -295,21 +295,36 @@ def cut_node(node: Node) -> Iterator[None]:
         yield
 
 
-def fail_partitions_elsewhere(engine: Engine, job_execution_id: int) -> dict[str, Any]:
-    """Fail a job's in-flight partitions from a connection of its own on a thread, as its master
-    or a survivor would: the :func:`~dbcluster.testing.waiting.in_thread` dict, whose ``moved``
-    gets the rows the statement changed once it committed (a fenced transaction that holds a
-    partition row makes it wait)."""
+def transfer_while_parked(
+    engine: Engine,
+    launch: Callable[[], Any],
+    point: str,
+    match: Callable[..., bool],
+    holder: str,
+) -> tuple[dict[str, Any], dict[str, Any], int]:
+    """Run ``launch`` on a thread, park the first of its transactions that reaches ``point``
+    (and satisfies ``match``) and, while it is parked, fail its job's in-flight partitions from
+    a connection of its own, as a master or a survivor would. Checks that the failure waits for
+    the parked transaction (``holder`` names it in the message), then releases it. Returns the
+    launch's and the failure's :func:`~dbcluster.testing.waiting.in_thread` dicts (the failure's
+    ``moved`` gets the rows it changed once it committed) and the job execution's id."""
     from dbcluster.dialects import get_provider
     from dbcluster.testing.waiting import in_thread
 
     moved: list[int] = []
-    statement = get_provider(engine).fail_job_partitions(job_execution_id)
+    with points.parked(point, match) as park:
+        run = in_thread(launch)
+        job_id = int(park.wait()[0]["step_execution"].job_execution.id)
+        statement = get_provider(engine).fail_job_partitions(job_id)
 
-    def fail() -> None:
-        with engine.begin() as conn:
-            moved.append(conn.execute(statement).rowcount)
+        def fail() -> None:
+            with engine.begin() as conn:
+                moved.append(conn.execute(statement).rowcount)
 
-    transfer = in_thread(fail)
-    transfer["moved"] = moved
-    return transfer
+        transfer = in_thread(fail)
+        transfer["moved"] = moved
+        transfer["thread"].join(0.4)
+        assert transfer["thread"].is_alive() and not moved, (
+            f"the partition was failed while {holder} held it"
+        )
+    return run, transfer, job_id

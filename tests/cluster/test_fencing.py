@@ -46,12 +46,12 @@ from dbcluster.testing.app import (
 from dbcluster.testing.backends import Backend
 from dbcluster.testing.control import (
     cut_node,
-    fail_partitions_elsewhere,
     fail_statements,
     freeze,
     hold_services,
     lose_commit_acks,
     record_events,
+    transfer_while_parked,
 )
 from dbcluster.testing.invariants import commit_in_order
 from dbcluster.testing.waiting import in_thread, wait_for
@@ -197,16 +197,14 @@ def test_a_transfer_waits_for_the_chunk_that_holds_its_partition(
     registry = items_registry()
     master = make_cluster(SETTINGS, registry=registry, work=False)
     make_cluster(SETTINGS, registry=registry)
-    with points.parked("chunk.before_commit", of_job("items.worker", chunk=2)) as park:
-        run = in_thread(lambda: master.launch("items", {"run": 1}))
-        parked = park.wait()[0]
-        job_id = parked["step_execution"].job_execution.id
-        transfer = fail_partitions_elsewhere(backend.engine, job_id)
-        moved = transfer["moved"]
-        transfer["thread"].join(0.4)
-        assert transfer["thread"].is_alive() and not moved, (
-            "the partition was failed while a chunk transaction held it"
-        )
+    run, transfer, _ = transfer_while_parked(
+        backend.engine,
+        lambda: master.launch("items", {"run": 1}),
+        "chunk.before_commit",
+        of_job("items.worker", chunk=2),
+        "a chunk transaction",
+    )
+    moved = transfer["moved"]
     transfer["thread"].join(20)
     assert "error" not in transfer, transfer.get("error")
     run["thread"].join(30)

@@ -13,11 +13,9 @@ from dbcluster.batch import Job, PartitionStep, RepeatStatus, TaskletStep
 from dbcluster.batch.scope import ChunkContext
 from dbcluster.batch.status import BatchStatus
 from dbcluster.schema import partitions, step_execution
-from dbcluster.testing import points
 from dbcluster.testing.app import FAST_SETTINGS, RangePartitioner, build_registry, ledger
 from dbcluster.testing.backends import Backend
-from dbcluster.testing.control import fail_partitions_elsewhere, record_events
-from dbcluster.testing.waiting import in_thread
+from dbcluster.testing.control import record_events, transfer_while_parked
 
 SETTINGS = FAST_SETTINGS.with_overrides(concurrency_limit=2)
 
@@ -104,16 +102,14 @@ def test_a_transfer_waits_for_the_final_write_that_holds_its_partition(
         se = details.get("step_execution")
         return se is not None and se.step_name.startswith("moved.worker:")
 
-    with points.parked("step.before_final_commit", parked_on_final) as park:
-        run = in_thread(lambda: master.launch("moved", {"run": 2}))
-        parked = park.wait()[0]
-        job_id = parked["step_execution"].job_execution.id
-        transfer = fail_partitions_elsewhere(backend.engine, job_id)
-        moved = transfer["moved"]
-        transfer["thread"].join(0.4)
-        assert transfer["thread"].is_alive() and not moved, (
-            "the partition was failed while its final write held it"
-        )
+    run, transfer, job_id = transfer_while_parked(
+        backend.engine,
+        lambda: master.launch("moved", {"run": 2}),
+        "step.before_final_commit",
+        parked_on_final,
+        "its final write",
+    )
+    moved = transfer["moved"]
     transfer["thread"].join(20)
     run["thread"].join(30)
     assert moved == [0], "the final write landed first: nothing was left in flight to fail"
