@@ -8,6 +8,10 @@ was not named is skipped with the reason.
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -100,6 +104,74 @@ def ledger_engine(backend: Backend) -> Iterator[Engine]:
     ledger_metadata.create_all(backend.engine)
     yield backend.engine
     ledger_metadata.drop_all(backend.engine)
+
+
+def _node_threads() -> set[threading.Thread]:
+    """The live threads that run a node's loops (a :class:`Service` each)."""
+    from dbcluster.cluster.service import Service
+
+    return {
+        t
+        for t in threading.enumerate()
+        if isinstance(getattr(getattr(t, "_target", None), "__self__", None), Service)
+    }
+
+
+def _children() -> set[int]:
+    """This process's live child processes that run dbcluster (nodes, launches, the dashboard;
+    zombies excluded: they no longer run)."""
+    found: set[int] = set()
+    for task in Path(f"/proc/{os.getpid()}/task").glob("*/children"):
+        try:
+            found.update(int(pid) for pid in task.read_text().split())
+        except OSError:
+            continue
+    alive = set()
+    for pid in found:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        try:
+            ours = b"dbcluster" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if state != "Z" and ours:
+            alive.add(pid)
+    return alive
+
+
+@pytest.fixture(autouse=True)
+def _no_node_outlives_its_test() -> Iterator[None]:
+    """A node (a loop thread here, or a child process) left running by a test joins the next
+    test's cluster on the same database and takes its partitions. Such a leak fails the test that
+    made it, and is ended here, so that it cannot fail a later test instead."""
+    if not Path("/proc/self/task").exists():  # not Linux: nothing to look at cheaply
+        yield
+        return
+    threads, children = _node_threads(), _children()
+    yield
+    deadline = time.monotonic() + 15  # a stopped loop ends after the body it is in
+    while True:
+        left_threads = _node_threads() - threads
+        left_children = _children() - children
+        if not (left_threads or left_children) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    if not (left_threads or left_children):
+        return
+    for thread in left_threads:
+        thread._target.__self__.stop()  # type: ignore[attr-defined]
+    for pid in left_children:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    pytest.fail(
+        f"the test left node loops running ({sorted(t.name for t in left_threads)}) "
+        f"or child processes ({sorted(left_children)})",
+        pytrace=False,
+    )
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
