@@ -107,7 +107,11 @@ class PartitionWork:
 
 
 class PartitionHandler(Protocol):
-    """Runs a partition step's partitions and returns their step executions (any final status)."""
+    """Runs a partition step's partitions and returns their step executions (any final status).
+
+    A handler whose class sets ``returns_stored = True`` returns them as read from the repository
+    after the last one ended, and the step aggregates them as they are; otherwise the step reads
+    them again."""
 
     def handle(
         self, step: PartitionStep, master: StepExecution, runtime: BatchRuntime
@@ -267,10 +271,11 @@ class PartitionStep(Step):
         master = step_execution
         handler = self.partition_handler or runtime.partition_handler
         returned = handler.handle(self, master, runtime)
-        reloaded = runtime.repository.get_step_executions_by_ids(
-            master.job_execution, [se.id for se in returned]
-        )
-        self.aggregate(master, reloaded)
+        if not getattr(handler, "returns_stored", False):
+            returned = runtime.repository.get_step_executions_by_ids(
+                master.job_execution, [se.id for se in returned]
+            )
+        self.aggregate(master, returned)
 
     def aggregate(self, master: StepExecution, partitions: list[StepExecution]) -> None:
         """Sum the counters into the master and take the worst status (a partition still running

@@ -96,6 +96,10 @@ class CheckPace:
 class ClusterPartitionHandler:
     """Runs a partition step's partitions across the cluster, with this node as master."""
 
+    #: handle() reads the partitions' step executions once they have all ended (see
+    #: :class:`~dbcluster.batch.partition.PartitionHandler`); the step does not read them again.
+    returns_stored = True
+
     def __init__(
         self,
         node: Node,
