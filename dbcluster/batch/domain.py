@@ -125,6 +125,10 @@ class StepExecution:
     #: In memory only: created moments ago by this process for this run (nothing can have
     #: been written under it by anyone else, e.g. no partitions placed).
     fresh: bool = False
+    #: In memory only: what its creating transaction already did for it (a cluster launch that
+    #: placed a partitioned step's partitions with the job's creation; or the partitioner's
+    #: error there), for the step's handler to take up instead of doing it again.
+    prepared: Any = None
 
     @property
     def job_execution_id(self) -> int:

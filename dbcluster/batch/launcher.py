@@ -185,8 +185,6 @@ class JobLauncher:
             instance, params, context, conn=conn, started=True
         )
         execution.earlier = executions
-        if on_created is not None:
-            on_created(conn, execution)
         first = job.first_step() if not executions else None
         if first is not None:
             # A first launch starts with this step: create its execution now, STARTED, rather
@@ -194,4 +192,6 @@ class JobLauncher:
             execution.prepared_steps[first.name] = repository.create_step_execution(
                 execution, first.name, None, conn, started=True
             )
+        if on_created is not None:
+            on_created(conn, execution)
         return execution

@@ -63,6 +63,14 @@ class Observers(BatchObserver):
         self._lock = threading.Lock()
         self._subscribed: tuple[BatchObserver, ...] = ()
 
+    @property
+    def tracing(self) -> bool:
+        """Whether a subscribed observer gives steps a trace context (see
+        :meth:`BatchObserver.trace_context`)."""
+        return any(
+            type(o).trace_context is not BatchObserver.trace_context for o in self._subscribed
+        )
+
     def subscribe(self, observer: BatchObserver) -> None:
         with self._lock:
             self._subscribed = (*self._subscribed, observer)

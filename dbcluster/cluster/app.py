@@ -21,7 +21,9 @@ from dbcluster.batch.exceptions import (
 from dbcluster.batch.fence import FencedError
 from dbcluster.batch.job import AUTO_RESTARTS_KEY, AutoRestart, Job, commit_job
 from dbcluster.batch.launcher import JobLauncher
+from dbcluster.batch.observe import observers
 from dbcluster.batch.parameters import JobParameters, as_job_parameters
+from dbcluster.batch.partition import PartitionStep
 from dbcluster.batch.registry import JobRegistry
 from dbcluster.cluster.assignment import AssignmentStrategy
 from dbcluster.cluster.handler import ClusterPartitionHandler, is_connectivity_error
@@ -35,7 +37,7 @@ from dbcluster.cluster.settings import ClusterSettings
 from dbcluster.cluster.stopping import request_stop
 from dbcluster.cluster.store import StrandedJob
 from dbcluster.dialects import make_engine
-from dbcluster.dialects.base import COORD_MASTERED
+from dbcluster.dialects.base import COORD_MASTERED, COORD_STARTED
 from dbcluster.migrations import require_current_schema
 from dbcluster.testing import points
 
@@ -212,6 +214,8 @@ class Cluster:
                         f"they finish or their nodes are removed from the cluster"
                     )
 
+        placing = self._placed_at_launch(job)
+
         coordination = store.prepared(
             "insert coordination",
             lambda: provider.insert_coordination(bindparam("b_id"), bindparam("b_node")),
@@ -223,17 +227,60 @@ class Cluster:
 
         def own(conn: Connection, execution: JobExecution) -> None:
             row = {"b_id": execution.id, "b_node": identity.node_id}
-            conn.execute(coordination, row)
+            master = execution.prepared_steps.get(placing.name) if placing else None
+            if placing is not None and master is not None:
+                # Already pointing at the partitioned step: the placement below, or a later one
+                # (no live worker yet), finds it so.
+                pointing = store.prepared(
+                    "insert coordination at step",
+                    lambda: provider.insert_coordination(
+                        bindparam("b_id"),
+                        bindparam("b_node"),
+                        COORD_STARTED,
+                        bindparam("b_master"),
+                        bindparam("b_worker_step"),
+                    ),
+                )
+                step_row = {"b_master": master.id, "b_worker_step": placing.worker_step.name}
+                conn.execute(pointing, {**row, **step_row})
+            else:
+                conn.execute(coordination, row)
             conn.execute(launched, row)
             if on_created is not None:
                 on_created(conn, execution)
+            execution.fence = Mastership(store, execution.id, identity)
+            if placing is not None and master is not None:
+                self.handler.place_at_launch(
+                    conn, placing, master, self.launcher.runtime, execution.fence
+                )
 
         execution = self.launcher.create_execution(
             job, params, on_created=own, context=context, check=check
         )
-        execution.fence = Mastership(self.node.store, execution.id, identity)
         points.reach("master.after_create_execution", job_execution=execution)
         return execution
+
+    def _placed_at_launch(self, job: Job) -> PartitionStep | None:
+        """The partitioned step whose partitions a first run of ``job`` places in the
+        transaction that creates it (one COMMIT before a partition can start), or None.
+
+        Only where nothing can tell the difference: the job starts with a partitioned step that
+        this cluster's handler runs, neither has listeners (they would see the partitioner run
+        before ``before_job``) and no batch observer traces (the partitions would be placed
+        before the job's trace began), on a database whose provider allows the partitioner to
+        run inside that transaction
+        (:attr:`~dbcluster.dialects.base.QueryProvider.places_at_launch`)."""
+        if not self.node.store.provider.places_at_launch or observers.tracing or job.listeners:
+            return None
+        first = job.first_step()
+        if (
+            isinstance(first, PartitionStep)
+            and not first.listeners
+            and first.partition_handler in (None, self.handler)
+            and self.launcher.runtime.partition_handler is self.handler
+        ):
+            return first
+        return None
 
     def run_execution(
         self, job: Job, execution: JobExecution, *, resume: bool = False

@@ -42,6 +42,10 @@ from dbcluster.testing import points
 
 if TYPE_CHECKING:
     from dbcluster.batch.partition import PartitionStep, PartitionWork
+
+    #: A placement: the partitions, the node of each (by name), the step execution ids on each
+    #: node.
+    Placed = tuple[list[PartitionWork], dict[str, str], dict[str, list[int]]]
     from dbcluster.batch.runtime import BatchRuntime
     from dbcluster.cluster.node import Node
 
@@ -162,33 +166,29 @@ class ClusterPartitionHandler:
                 f"partition step {step.name!r} is handled by the cluster, so its job must be "
                 f"launched through dbcluster.cluster.Cluster (launch or restart)"
             )
+        prepared, master.prepared = master.prepared, None
+        if isinstance(prepared, BaseException):
+            raise prepared  # the partitioner failed in the launch's transaction
         # A master step execution this process has just created has no partitions yet.
         placed_before = (
             []
-            if master.fresh
+            if master.fresh or prepared is not None
             else self._patiently(
                 mastership, lambda: node.store.partitions(master.id), "read the partitions"
             )
         )
-        if placed_before:
-            # A master that took over this job adopts the partitions its predecessor placed:
-            # running ones run on where they are, pending ones are claimed or moved as usual.
-            ids = [int(r.step_execution_id) for r in placed_before]
-            log.info(
-                "master %s adopted %d partition(s) of %s",
-                mastership.node_id,
-                len(ids),
-                step.name,
-            )
-        else:
-            workers = self._wait_for_workers(mastership)
-            # The partitioner runs before the transaction: user code must not hold the write
-            # lock (SQLite has one for the whole database) while it reads its input.
-            planned = step.plan(master, len(workers))
-            points.reach("master.before_place", job_execution=job_execution)
-            works, placement, placed_on = self._place(
-                step, master, runtime, mastership, workers, planned
-            )
+        if prepared is not None or not placed_before:
+            if prepared is not None:
+                works, placement, placed_on = prepared  # placed with the job's creation
+            else:
+                workers = self._wait_for_workers(mastership)
+                # The partitioner runs before the transaction: user code must not hold the write
+                # lock (SQLite has one for the whole database) while it reads its input.
+                planned = step.plan(master, len(workers))
+                points.reach("master.before_place", job_execution=job_execution)
+                works, placement, placed_on = self._place(
+                    step, master, runtime, mastership, workers, planned
+                )
             if not works:
                 return []
             ids = [w.step_execution.id for w in works]
@@ -203,6 +203,16 @@ class ClusterPartitionHandler:
             node.events.placed(mastership.node_id, job_execution.id, master.id, placement)
             # A master that is also a worker starts what it placed on itself without a poll.
             node.offer(mastership.node_id, placed_on.get(mastership.node_id, []))
+        else:
+            # A master that took over this job adopts the partitions its predecessor placed:
+            # running ones run on where they are, pending ones are claimed or moved as usual.
+            ids = [int(r.step_execution_id) for r in placed_before]
+            log.info(
+                "master %s adopted %d partition(s) of %s",
+                mastership.node_id,
+                len(ids),
+                step.name,
+            )
         with node.mastering():
             try:
                 self._monitor(step, master, mastership)
@@ -227,7 +237,7 @@ class ClusterPartitionHandler:
         mastership: Mastership,
         workers: list[NodeInfo],
         planned: Any,
-    ) -> tuple[list[PartitionWork], dict[str, str], dict[str, list[int]]]:
+    ) -> Placed:
         """One transaction on the coordination engine (on SQLite it begins IMMEDIATE, and it reads
         before it writes): hold the mastership while pointing the coordination row at this step,
         create the partitions' step executions and insert their PENDING rows. Returns the
@@ -236,49 +246,97 @@ class ClusterPartitionHandler:
         context = master.execution_context.copy()
         placed: dict[str, Any] = {}
 
-        def work(
-            conn: Connection,
-        ) -> tuple[list[PartitionWork], dict[str, str], dict[str, list[int]]]:
+        def work(conn: Connection) -> Placed:
             master.execution_context.reset_to(context)
-            mastership.place(conn, master.id, step.worker_step.name)
-            works = step.split(master, len(workers), runtime, conn, planned=planned)
-            placement = self.strategy.assign([w.name for w in works], workers) if works else {}
-            traced = {"trace_context": tc} if (tc := observers.trace_context(master)) else {}
-            placed_on: dict[str, list[int]] = {}
-            for w in works:
-                placed_on.setdefault(placement[w.name], []).append(w.step_execution.id)
-            if works:
-                store.insert_partitions(
-                    conn,
-                    [
-                        {
-                            "step_execution_id": w.step_execution.id,
-                            "job_execution_id": master.job_execution.id,
-                            "master_step_execution_id": master.id,
-                            "partition_name": w.name,
-                            "assigned_node": placement[w.name],
-                            "transferable": w.transferable,
-                            "max_attempts": step.max_attempts if w.transferable else 1,
-                            **traced,
-                        }
-                        for w in works
-                    ],
-                )
-                store.wake_nodes(conn, placed_on.keys(), placed_on)
-            placed["result"] = (works, placement, placed_on)
-            return works, placement, placed_on
+            placed["result"] = self._place_in(
+                conn, step, master, runtime, mastership, workers, planned
+            )
+            return placed["result"]  # type: ignore[no-any-return]
 
-        def verify(
-            conn: Connection,
-        ) -> tuple[list[PartitionWork], dict[str, str], dict[str, list[int]]] | None:
+        def verify(conn: Connection) -> Placed | None:
             # The first try committed when its partitions exist; its in-memory result stands.
             if "result" in placed and store.partitions(master.id):
                 return placed["result"]  # type: ignore[no-any-return]
             return None
 
-        return self._patiently(
+        return self._patiently(  # type: ignore[no-any-return]
             mastership, lambda: store.transaction(work, "place partitions", verify), "place"
         )
+
+    def _place_in(
+        self,
+        conn: Connection,
+        step: PartitionStep,
+        master: StepExecution,
+        runtime: BatchRuntime,
+        mastership: Mastership,
+        workers: list[NodeInfo],
+        planned: Any,
+        *,
+        pointed: bool = False,
+    ) -> Placed:
+        """The placement's statements, in ``conn``'s transaction: the coordination row held and
+        pointed at this step (``pointed``: the transaction wrote it so), the partitions' step
+        executions, their PENDING rows, the wake-ups (sent at COMMIT)."""
+        store = self.node.store
+        if not pointed:
+            mastership.place(conn, master.id, step.worker_step.name)
+        works = step.split(master, len(workers), runtime, conn, planned=planned)
+        placement = self.strategy.assign([w.name for w in works], workers) if works else {}
+        traced = {"trace_context": tc} if (tc := observers.trace_context(master)) else {}
+        placed_on: dict[str, list[int]] = {}
+        for w in works:
+            placed_on.setdefault(placement[w.name], []).append(w.step_execution.id)
+        if works:
+            store.place_partitions(
+                conn,
+                [
+                    {
+                        "step_execution_id": w.step_execution.id,
+                        "job_execution_id": master.job_execution.id,
+                        "master_step_execution_id": master.id,
+                        "partition_name": w.name,
+                        "assigned_node": placement[w.name],
+                        "transferable": w.transferable,
+                        "max_attempts": step.max_attempts if w.transferable else 1,
+                        **traced,
+                    }
+                    for w in works
+                ],
+                placed_on,
+            )
+        return works, placement, placed_on
+
+    def place_at_launch(
+        self,
+        conn: Connection,
+        step: PartitionStep,
+        master: StepExecution,
+        runtime: BatchRuntime,
+        mastership: Mastership,
+    ) -> None:
+        """Place a first run's partitions in the transaction that creates its job execution (see
+        :meth:`Cluster.create_execution`), so that one COMMIT makes them visible: read the live
+        workers in it, run the partitioner, place. That transaction wrote the coordination row
+        (this node the master, epoch 1) already pointing at ``master``. The outcome is left on
+        ``master.prepared`` for :meth:`handle`: the placement, or the partitioner's error (raised
+        there, as if the partitioner had run there). With no live worker nothing is placed:
+        :meth:`handle` waits for one as usual."""
+        workers = self.node.store.worker_nodes(conn)
+        if not workers:
+            return
+        try:
+            planned = step.plan(master, len(workers))
+        except Exception as error:  # noqa: BLE001 - the step fails with it, as it would later
+            master.prepared = error
+            return
+        points.reach("master.before_place", job_execution=master.job_execution)
+        master.prepared = self._place_in(
+            conn, step, master, runtime, mastership, workers, planned, pointed=True
+        )
+        # Partitions exist under it now: the step must run (a stop requested meanwhile stops
+        # them through its handler) rather than end at once as a fresh one would.
+        master.fresh = False
 
     # --- monitoring ---------------------------------------------------------------------------
 

@@ -144,6 +144,14 @@ def offered_ids(payload: str) -> list[int]:
     return ids
 
 
+def _placed_arrays(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Partition rows as the array parameters of ``insert_partitions_from_arrays``."""
+    unknown = {name for row in rows for name in row} - set(PLACED_COLUMNS)
+    if unknown:
+        raise ValueError(f"partition rows name columns a placement does not set: {unknown}")
+    return {f"a_{name}": [row.get(name) for row in rows] for name in PLACED_COLUMNS}
+
+
 class CoordinationStore:
     def __init__(
         self,
@@ -357,17 +365,20 @@ class CoordinationStore:
 
         self.transaction(work, "deregister")
 
-    def nodes(self, status: str | None = NODE_ACTIVE) -> list[NodeInfo]:
+    def nodes(
+        self, status: str | None = NODE_ACTIVE, conn: Connection | None = None
+    ) -> list[NodeInfo]:
+        """The registered nodes (in ``status``); read in ``conn``'s transaction if given."""
         stmt = self.prepared(("nodes", status), lambda: self.provider.select_nodes(status))
-        rows = self._rows(stmt, "nodes")
+        rows = self._rows(stmt, "nodes") if conn is None else conn.execute(stmt).all()
         return [
             NodeInfo(r.node_id, r.host, r.status, r.current_load, r.capacity, r.last_heartbeat)
             for r in rows
         ]
 
-    def worker_nodes(self) -> list[NodeInfo]:
+    def worker_nodes(self, conn: Connection | None = None) -> list[NodeInfo]:
         """ACTIVE nodes that take partitions."""
-        return [n for n in self.nodes(NODE_ACTIVE) if n.capacity > 0]
+        return [n for n in self.nodes(NODE_ACTIVE, conn) if n.capacity > 0]
 
     # --- partitions (worker side) ---------------------------------------------------------------
 
@@ -848,6 +859,44 @@ class CoordinationStore:
         rows = conn.execute(stmt).all() if conn is not None else self._rows(stmt, "in flight")
         return int(rows[0][0])
 
+    def place_partitions(
+        self,
+        conn: Connection,
+        rows: Sequence[dict[str, Any]],
+        placed: Mapping[str, Sequence[int]],
+    ) -> None:
+        """Insert PENDING partitions and wake the nodes they were placed on (``placed``: node ->
+        step execution ids), in the caller's transaction: in one statement where the provider
+        can write from arrays and notify in the same statement, else as
+        :meth:`insert_partitions` then :meth:`wake_nodes`."""
+        provider = self.provider
+        arrays = self.prepared(
+            "insert partitions from arrays", provider.insert_partitions_from_arrays
+        )
+        together = None
+        if arrays is not None and provider.supports_listen_notify and provider.notify_payload_max:
+            together = self.prepared(
+                "insert partitions and notify",
+                lambda: provider.write_then_notify(
+                    provider.insert_partitions_from_arrays(),
+                    provider.notify(
+                        provider.notify_parameter("b_channels"),
+                        provider.notify_parameter("b_payloads"),
+                    ),
+                ),
+            )
+        if together is None or not placed:
+            self.insert_partitions(conn, rows)
+            self.wake_nodes(conn, placed.keys(), placed)
+            return
+        woken = sorted(placed)
+        params = _placed_arrays(rows)
+        params["b_channels"] = [provider.wake_channel(node_id) for node_id in woken]
+        params["b_payloads"] = [
+            offer_payload(placed[node_id], provider.notify_payload_max) for node_id in woken
+        ]
+        conn.execute(together, params)
+
     def insert_partitions(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
         """Place PENDING partitions in the caller's transaction, at most the provider's
         ``partition_write_batch`` rows a statement (SQL Server escalates a statement's row
@@ -856,12 +905,7 @@ class CoordinationStore:
             "insert partitions from arrays", self.provider.insert_partitions_from_arrays
         )
         if arrays is not None and len(rows) > 1:
-            unknown = {name for row in rows for name in row} - set(PLACED_COLUMNS)
-            if unknown:
-                raise ValueError(f"partition rows name columns a placement does not set: {unknown}")
-            conn.execute(
-                arrays, {f"a_{name}": [row.get(name) for row in rows] for name in PLACED_COLUMNS}
-            )
+            conn.execute(arrays, _placed_arrays(rows))
             return
         stmt = self.prepared("insert partitions", self.provider.insert_partitions)
         for batch in in_batches(rows, self.provider.partition_write_batch):

@@ -177,6 +177,11 @@ class QueryProvider:
     #: A multi-row INSERT can take each column's values as one array parameter and unnest them
     #: (see :meth:`insert_from_arrays`).
     supports_array_insert: ClassVar[bool] = False
+    #: A launch may place its first step's partitions in the transaction that creates the job
+    #: execution (one COMMIT before the partitions are visible). It runs the partitioner in that
+    #: transaction, so a database whose write transaction locks more than the rows it writes
+    #: (SQLite's one writer; MySQL's gap locks on the instance key) keeps the two transactions.
+    places_at_launch: ClassVar[bool] = False
     #: The driver has an autocommit mode SQLAlchemy can set (``isolation_level="AUTOCOMMIT"``):
     #: single statements then cost one round trip. Without it they run in short transactions.
     supports_autocommit: ClassVar[bool] = True
@@ -1150,6 +1155,12 @@ class QueryProvider:
     def notify_parameter(self, name: str) -> Any:
         """The bound parameter :meth:`notify` takes its list of channels (or payloads) in."""
         raise NotImplementedError(f"{self.name} has no LISTEN/NOTIFY")
+
+    def write_then_notify(self, write: Insert, notify: Any) -> Any | None:
+        """One statement that runs ``write`` and then ``notify`` (a statement of :meth:`notify`),
+        taking the parameters of both, or None where the database cannot (then they are two).
+        A placement's INSERT of its partitions and its wake-ups go in one round trip."""
+        return None
 
     def open_listener(self, engine: Engine, channel: str) -> Listener:
         """A connection of its own listening on ``channel`` (only where

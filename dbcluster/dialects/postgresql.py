@@ -82,6 +82,7 @@ class PostgreSQLProvider(QueryProvider):
     notify_payload_max = 7900
     supports_writable_cte = True
     supports_array_insert = True
+    places_at_launch = True
     min_server_version = (13,)
 
     def now(self) -> ColumnElement[Any]:
@@ -157,6 +158,11 @@ class PostgreSQLProvider(QueryProvider):
         return select(func.count(func.pg_notify(pairs.c.channel, pairs.c.payload))).select_from(
             pairs
         )
+
+    def write_then_notify(self, write: Insert, notify: Any) -> Any | None:
+        # A data-modifying CTE runs whether or not the query reads it, before the query's own
+        # result is returned; the notifications are sent at COMMIT either way.
+        return notify.add_cte(write.cte("dbc_placed"))
 
     def notify_parameter(self, name: str) -> Any:
         from sqlalchemy import bindparam

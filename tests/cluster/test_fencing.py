@@ -29,7 +29,8 @@ from sqlalchemy import (
     update,
 )
 
-from dbcluster.batch import ChunkStep, Job, PartitionStep
+from dbcluster.batch import ChunkStep, Job, PartitionStep, TaskletStep
+from dbcluster.batch.listeners import JobListener
 from dbcluster.batch.partition import FunctionPartitioner
 from dbcluster.batch.status import BatchStatus
 from dbcluster.cluster.service import Service
@@ -38,8 +39,10 @@ from dbcluster.schema import job_coordination, job_execution, nodes, partitions
 from dbcluster.testing import points
 from dbcluster.testing.app import (
     FAST_SETTINGS,
+    RangePartitioner,
     build_registry,
     install_observer,
+    ledger_tasklet,
     master_effects,
     remove_observer,
 )
@@ -301,14 +304,36 @@ def _claimed(backend: Backend) -> int:
 # --- 3. no execution without an owner survivors can see ---------------------------------------
 
 
+def _listened_ledger() -> Any:
+    """The test application with ``ledger-listened``: the ledger job with a job listener, which
+    keeps its placement out of the creating transaction on every database (see
+    ``Cluster._placed_at_launch``), so that a master can die between the two."""
+    registry = build_registry()
+    registry.register(
+        Job(
+            "ledger-listened",
+            [
+                PartitionStep(
+                    "ledger-listened.master",
+                    TaskletStep("ledger-listened.worker", ledger_tasklet),
+                    RangePartitioner(True),
+                )
+            ],
+            listeners=[JobListener()],
+        )
+    )
+    return registry
+
+
 def test_an_execution_whose_master_dies_before_running_it_is_recovered(
     backend: Backend, make_cluster: Any
 ) -> None:
-    master = make_cluster(ABANDON, work=False)
-    survivor = make_cluster(ABANDON)
+    registry = _listened_ledger()
+    master = make_cluster(ABANDON, work=False, registry=registry)
+    survivor = make_cluster(ABANDON, registry=registry)
     recorder = record_events(survivor.node)
     with points.parked("master.after_create_execution") as park:
-        run = in_thread(lambda: master.launch("ledger", {"run": 4}))
+        run = in_thread(lambda: master.launch("ledger-listened", {"run": 4}))
         created = park.wait()[0]["job_execution"]
         frozen = freeze(master.node)  # it dies, as far as the cluster can tell
         wait_for(
