@@ -124,13 +124,23 @@ class JobLauncher:
         """
         job.validate_parameters(params)
         repository = self.repository
+        made: list[JobExecution] = []
+
+        def create(conn: Connection) -> JobExecution:
+            made[:] = [self._create(job, params, conn, on_created, context, check)]
+            return made[0]
+
+        def created(conn: Connection) -> bool:
+            # A commit whose acknowledgement was lost: it took effect if the execution that try
+            # made exists (an id is never made twice).
+            return bool(made) and repository.get_job_execution(made[0].id, conn) is not None
+
         for attempt in range(2):
             try:
                 # Repeated on a transient error (a lock wait, a deadlock, SQLite's read-to-write
                 # upgrade refused while another writer commits): nothing of it was committed.
                 return repository.transactions.run(
-                    lambda conn: self._create(job, params, conn, on_created, context, check),
-                    what=f"launch of {job.name}",
+                    create, verify=created, what=f"launch of {job.name}"
                 )
             except IntegrityError:
                 # Another launcher created the same new instance first: its row is there now.

@@ -18,7 +18,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
@@ -57,6 +57,18 @@ class RetryPolicy:
 
 class UnclearCommitError(RuntimeError):
     """A ``COMMIT`` failed on the wire and its outcome could not be read back in time."""
+
+
+def _roll_back(conn: Connection, transaction: Any, what: str) -> None:
+    """Roll back after the body or the commit failed, without hiding that failure: a rollback
+    that fails too (the server ended the session, e.g. past its idle-in-transaction bound) has
+    nothing left to undo, since the server rolled the transaction back itself; the connection
+    is dropped."""
+    try:
+        transaction.rollback()
+    except Exception as lost:  # noqa: BLE001 - the body's own error is the one raised
+        log.info("%s: the rollback failed too (%s); dropping the connection", what, lost)
+        conn.invalidate()
 
 
 class Transactions:
@@ -107,9 +119,10 @@ class Transactions:
                         points.reach("transaction.before_commit", conn=conn, **details)
                         committing = True
                         transaction.commit()
-                    finally:
+                    except BaseException:
                         if transaction.is_active:
-                            transaction.rollback()
+                            _roll_back(conn, transaction, what)
+                        raise
                 return result
             except OptimisticLockingFailureError:
                 raise

@@ -18,18 +18,13 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection
-from sqlalchemy.exc import DBAPIError
-from sqlalchemy.exc import TimeoutError as PoolTimeoutError
-
 from dbcluster.batch.domain import StepExecution
-from dbcluster.batch.exceptions import BatchError
 from dbcluster.batch.fence import FencedError
-from dbcluster.batch.observe import observers
-from dbcluster.batch.transactions import UnclearCommitError
 from dbcluster.cluster.assignment import AssignmentStrategy, LeastLoaded, RoundRobin
 from dbcluster.cluster.mastership import Mastership, MastershipLostError
-from dbcluster.cluster.store import NodeInfo, OrphanedPartition
+from dbcluster.cluster.patience import is_connectivity_error, patiently
+from dbcluster.cluster.placement import NoLiveNodeError, Placer, Planned
+from dbcluster.cluster.store import OrphanedPartition
 from dbcluster.dialects.base import (
     COORD_MASTERED,
     PARTITION_CLAIMED,
@@ -41,28 +36,19 @@ from dbcluster.errors import ConfigurationError
 from dbcluster.testing import points
 
 if TYPE_CHECKING:
-    from dbcluster.batch.partition import PartitionStep, PartitionWork
-
-    #: A placement: the partitions, the node of each (by name), the step execution ids on each
-    #: node.
-    Placed = tuple[list[PartitionWork], dict[str, str], dict[str, list[int]]]
+    from dbcluster.batch.partition import PartitionStep
     from dbcluster.batch.runtime import BatchRuntime
     from dbcluster.cluster.node import Node
 
 log = logging.getLogger("dbcluster.master")
 
-__all__ = ["ClusterPartitionHandler", "MastershipLostError", "NoLiveNodeError", "describe"]
-
-
-class NoLiveNodeError(BatchError):
-    """No live node could take the partitions within the timeout."""
-
-
-def is_connectivity_error(error: BaseException) -> bool:
-    """An error of the database or of reaching it (as opposed to a bug): a master waits it out."""
-    return isinstance(
-        error, (DBAPIError, PoolTimeoutError, UnclearCommitError, ConnectionError, TimeoutError)
-    )
+__all__ = [
+    "ClusterPartitionHandler",
+    "MastershipLostError",
+    "NoLiveNodeError",
+    "describe",
+    "is_connectivity_error",
+]
 
 
 #: The master's first look at a partitioned step's progress after placing it (milliseconds).
@@ -112,48 +98,29 @@ class ClusterPartitionHandler:
         no_node_timeout_ms: int | None = None,
     ) -> None:
         self.node = node
-        self.strategy = strategy or RoundRobin()
-        self.no_node_timeout_ms = (
-            node.settings.no_node_timeout if no_node_timeout_ms is None else no_node_timeout_ms
+        self.placer = Placer(
+            node,
+            strategy or RoundRobin(),
+            node.settings.no_node_timeout if no_node_timeout_ms is None else no_node_timeout_ms,
         )
         #: Called with (master step execution id, partition counts by status) on each check.
         self.progress: Callable[[int, dict[str, int]], None] | None = None
 
-    # --- helpers ------------------------------------------------------------------------------
+    @property
+    def strategy(self) -> AssignmentStrategy:
+        return self.placer.strategy
 
-    def _patiently(self, mastership: Mastership, work: Callable[[], Any], what: str) -> Any:
-        """Run ``work`` until it succeeds, waiting out database errors while this node is the
-        master (a fenced node stops: :class:`MastershipLostError`)."""
-        warned = False
-        while True:
-            mastership.check()
-            try:
-                return work()
-            except FencedError:
-                raise
-            except Exception as error:
-                if not is_connectivity_error(error) and not self.node.store.provider.is_transient(
-                    error
-                ):
-                    raise
-                if not warned:
-                    log.warning("master %s cannot %s yet: %s", mastership.node_id, what, error)
-                    warned = True
-                time.sleep(self.node.settings.master_check_interval / 1000)
+    @strategy.setter
+    def strategy(self, strategy: AssignmentStrategy) -> None:
+        self.placer.strategy = strategy
 
-    # --- placing ------------------------------------------------------------------------------
+    @property
+    def no_node_timeout_ms(self) -> int:
+        return self.placer.no_node_timeout_ms
 
-    def _wait_for_workers(self, mastership: Mastership) -> list[NodeInfo]:
-        deadline = time.monotonic() + self.no_node_timeout_ms / 1000
-        while True:
-            workers = self._patiently(mastership, self.node.store.worker_nodes, "read the nodes")
-            if workers:
-                return workers
-            if time.monotonic() >= deadline:
-                raise NoLiveNodeError(
-                    f"no live worker node joined within {self.no_node_timeout_ms} ms"
-                )
-            time.sleep(self.node.settings.master_check_interval / 1000)
+    @no_node_timeout_ms.setter
+    def no_node_timeout_ms(self, ms: int) -> None:
+        self.placer.no_node_timeout_ms = ms
 
     def handle(
         self, step: PartitionStep, master: StepExecution, runtime: BatchRuntime
@@ -167,27 +134,33 @@ class ClusterPartitionHandler:
                 f"launched through dbcluster.cluster.Cluster (launch or restart)"
             )
         prepared, master.prepared = master.prepared, None
-        if isinstance(prepared, BaseException):
-            raise prepared  # the partitioner failed in the launch's transaction
+        planned: Planned | None = None
+        if isinstance(prepared, Planned):
+            if prepared.error is not None:
+                raise prepared.error  # the partitioner failed in the launch's transaction
+            planned, prepared = prepared, None
         # A master step execution this process has just created has no partitions yet.
         placed_before = (
             []
             if master.fresh or prepared is not None
-            else self._patiently(
-                mastership, lambda: node.store.partitions(master.id), "read the partitions"
+            else patiently(
+                self.node,
+                mastership,
+                lambda: node.store.partitions(master.id),
+                "read the partitions",
             )
         )
         if prepared is not None or not placed_before:
             if prepared is not None:
                 works, placement, placed_on = prepared  # placed with the job's creation
             else:
-                workers = self._wait_for_workers(mastership)
+                workers = self.placer.wait_for_workers(mastership)
                 # The partitioner runs before the transaction: user code must not hold the write
                 # lock (SQLite has one for the whole database) while it reads its input.
-                planned = step.plan(master, len(workers))
+                slices = planned.slices if planned is not None else step.plan(master, len(workers))
                 points.reach("master.before_place", job_execution=job_execution)
-                works, placement, placed_on = self._place(
-                    step, master, runtime, mastership, workers, planned
+                works, placement, placed_on = self.placer.place(
+                    step, master, runtime, mastership, workers, slices
                 )
             if not works:
                 return []
@@ -223,120 +196,12 @@ class ClusterPartitionHandler:
                 # would run it beside the old attempt.
                 self._fail_in_flight(mastership, f"master {mastership.node_id} failed: {error}")
                 raise
-        return self._patiently(
+        return patiently(
+            self.node,
             mastership,
             lambda: runtime.repository.get_step_executions_by_ids(job_execution, ids),
             "reload the partitions",
         )
-
-    def _place(
-        self,
-        step: PartitionStep,
-        master: StepExecution,
-        runtime: BatchRuntime,
-        mastership: Mastership,
-        workers: list[NodeInfo],
-        planned: Any,
-    ) -> Placed:
-        """One transaction on the coordination engine (on SQLite it begins IMMEDIATE, and it reads
-        before it writes): hold the mastership while pointing the coordination row at this step,
-        create the partitions' step executions and insert their PENDING rows. Returns the
-        partitions, the node of each (by name) and the step execution ids placed on each node."""
-        store = self.node.store
-        context = master.execution_context.copy()
-        placed: dict[str, Any] = {}
-
-        def work(conn: Connection) -> Placed:
-            master.execution_context.reset_to(context)
-            placed["result"] = self._place_in(
-                conn, step, master, runtime, mastership, workers, planned
-            )
-            return placed["result"]  # type: ignore[no-any-return]
-
-        def verify(conn: Connection) -> Placed | None:
-            # The first try committed when its partitions exist; its in-memory result stands.
-            if "result" in placed and store.partitions(master.id):
-                return placed["result"]  # type: ignore[no-any-return]
-            return None
-
-        return self._patiently(  # type: ignore[no-any-return]
-            mastership, lambda: store.transaction(work, "place partitions", verify), "place"
-        )
-
-    def _place_in(
-        self,
-        conn: Connection,
-        step: PartitionStep,
-        master: StepExecution,
-        runtime: BatchRuntime,
-        mastership: Mastership,
-        workers: list[NodeInfo],
-        planned: Any,
-        *,
-        pointed: bool = False,
-    ) -> Placed:
-        """The placement's statements, in ``conn``'s transaction: the coordination row held and
-        pointed at this step (``pointed``: the transaction wrote it so), the partitions' step
-        executions, their PENDING rows, the wake-ups (sent at COMMIT)."""
-        store = self.node.store
-        if not pointed:
-            mastership.place(conn, master.id, step.worker_step.name)
-        works = step.split(master, len(workers), runtime, conn, planned=planned)
-        placement = self.strategy.assign([w.name for w in works], workers) if works else {}
-        traced = {"trace_context": tc} if (tc := observers.trace_context(master)) else {}
-        placed_on: dict[str, list[int]] = {}
-        for w in works:
-            placed_on.setdefault(placement[w.name], []).append(w.step_execution.id)
-        if works:
-            store.place_partitions(
-                conn,
-                [
-                    {
-                        "step_execution_id": w.step_execution.id,
-                        "job_execution_id": master.job_execution.id,
-                        "master_step_execution_id": master.id,
-                        "partition_name": w.name,
-                        "assigned_node": placement[w.name],
-                        "transferable": w.transferable,
-                        "max_attempts": step.max_attempts if w.transferable else 1,
-                        **traced,
-                    }
-                    for w in works
-                ],
-                placed_on,
-            )
-        return works, placement, placed_on
-
-    def place_at_launch(
-        self,
-        conn: Connection,
-        step: PartitionStep,
-        master: StepExecution,
-        runtime: BatchRuntime,
-        mastership: Mastership,
-    ) -> None:
-        """Place a first run's partitions in the transaction that creates its job execution (see
-        :meth:`Cluster.create_execution`), so that one COMMIT makes them visible: read the live
-        workers in it, run the partitioner, place. That transaction wrote the coordination row
-        (this node the master, epoch 1) already pointing at ``master``. The outcome is left on
-        ``master.prepared`` for :meth:`handle`: the placement, or the partitioner's error (raised
-        there, as if the partitioner had run there). With no live worker nothing is placed:
-        :meth:`handle` waits for one as usual."""
-        workers = self.node.store.worker_nodes(conn)
-        if not workers:
-            return
-        try:
-            planned = step.plan(master, len(workers))
-        except Exception as error:  # noqa: BLE001 - the step fails with it, as it would later
-            master.prepared = error
-            return
-        points.reach("master.before_place", job_execution=master.job_execution)
-        master.prepared = self._place_in(
-            conn, step, master, runtime, mastership, workers, planned, pointed=True
-        )
-        # Partitions exist under it now: the step must run (a stop requested meanwhile stops
-        # them through its handler) rather than end at once as a fresh one would.
-        master.fresh = False
 
     # --- monitoring ---------------------------------------------------------------------------
 
@@ -403,7 +268,8 @@ class ClusterPartitionHandler:
         """Fail what is in flight (partitions and their step executions, one transaction), once
         the database answers; if this node is fenced first, the survivors do it."""
         try:
-            failed = self._patiently(
+            failed = patiently(
+                self.node,
                 mastership,
                 lambda: self.node.store.fail_in_flight(
                     mastership.job_execution_id, message[:2000], self.node.repository, mastership

@@ -15,11 +15,13 @@ Points and the details they pass:
 - ``transaction.before_commit``: after any of the three above, last thing before ``COMMIT``
   (the test application observes there what its transaction holds at commit time).
 - ``master.after_create_execution``: ``job_execution``: the execution and its coordination row
-  committed; the master has not started the job.
+  committed (with a first run's partitions, where they were placed in that transaction: see
+  ``Cluster.create_execution``); the master has not started the job.
 - ``master.between_steps``: ``job_execution``, ``next_step``: a step ended, the next has not
   started.
-- ``master.before_place``: ``job_execution``: the master read the live nodes and is about to
-  place a partitioned step's partitions.
+- ``master.before_place``: ``job_execution``: the master read the live nodes, ran the
+  partitioner and is about to place a partitioned step's partitions (inside the creating
+  transaction when a launch places them there).
 - ``node.between_poll_and_claim``: ``node_id``, ``partitions``: a worker read its pending
   partitions and has not claimed them.
 - ``app.checkpoint``: ``node_id``: the test application's partition body (see

@@ -5,10 +5,13 @@ tracing observer), the launch keeps two transactions. Either way the job runs th
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from typing import Any
 
+import pytest
 from sqlalchemy import func, select
+from sqlalchemy.exc import OperationalError
 
 from dbcluster.batch import Job, PartitionStep, TaskletStep
 from dbcluster.batch.listeners import JobListener
@@ -17,11 +20,11 @@ from dbcluster.batch.partition import FunctionPartitioner
 from dbcluster.batch.status import BatchStatus
 from dbcluster.dialects import get_provider
 from dbcluster.dialects.base import PARTITION_IN_FLIGHT
-from dbcluster.schema import job_coordination, partitions
+from dbcluster.schema import job_coordination, job_execution, partitions
 from dbcluster.testing import points
 from dbcluster.testing.app import FAST_SETTINGS, build_registry, ledger, ledger_tasklet
 from dbcluster.testing.backends import Backend
-from dbcluster.testing.control import freeze, record_events
+from dbcluster.testing.control import freeze, lose_commit_acks, record_events
 from dbcluster.testing.waiting import in_thread, wait_for
 
 
@@ -208,3 +211,137 @@ def test_a_master_that_dies_right_after_creating_a_placed_run_is_taken_over(
     assert len(effects) == 4 and set(effects.values()) == {1}
     launch["thread"].join(30)
     assert launch["result"].status is BatchStatus.COMPLETED
+
+
+def _one_step_job(name: str, fn: Any, transferable: Any = True, listeners: Any = ()) -> Job:
+    return Job(
+        name,
+        [
+            PartitionStep(
+                f"{name}.master",
+                TaskletStep(f"{name}.worker", ledger_tasklet),
+                FunctionPartitioner(fn, transferable),
+            )
+        ],
+        listeners=listeners,
+    )
+
+
+def test_a_partitioner_slower_than_an_idle_transaction_may_be_still_launches_once(
+    backend: Backend, make_cluster: Any
+) -> None:
+    """The server ends a session idle in its transaction past ``idle_transaction_timeout``: a
+    partitioner that takes longer cannot run inside the creating transaction. Its result is kept
+    and placed after it."""
+    calls: list[int] = []
+    pause_s = FAST_SETTINGS.idle_transaction_ms * 1.5 / 1000
+
+    def slow(grid_size: int) -> dict[str, Any]:
+        calls.append(grid_size)
+        time.sleep(pause_s)
+        return {f"p{i}": {"lo": i * 10, "hi": i * 10 + 10} for i in range(3)}
+
+    registry = build_registry()
+    registry.register(_one_step_job("slow", slow))
+    master = make_cluster(work=False, registry=registry)
+    make_cluster(registry=registry)
+    execution = master.launch("slow", {"run": 1})
+    assert execution.status is BatchStatus.COMPLETED, execution.exit_status
+    assert calls == [1], "the partitioner ran once"
+    assert _placed(backend, execution.id) == 3
+
+
+class _Twice(dict):  # type: ignore[type-arg]
+    """A partitioner's result that names one partition twice."""
+
+    def items(self) -> Any:
+        return [("a", {}), ("a", {})]
+
+
+def _refused(name: str) -> Job:
+    long_name = {"x" * 400: {"lo": 0, "hi": 1}}
+    if name == "twice":
+        return _one_step_job(name, lambda grid: _Twice({"z": {}}))
+    if name == "undecided":
+
+        def transferable(partition: str, context: Any) -> bool:
+            raise RuntimeError("cannot decide")
+
+        return _one_step_job(name, lambda grid: {"p0": {"lo": 0, "hi": 1}}, transferable)
+    if name == "too-long":
+        return _one_step_job(name, lambda grid: long_name)
+    # The same refusal on the path that places after the job started (a listener): the master
+    # used to wait it out as if the database were away, and the job hung.
+    return _one_step_job(name, lambda grid: long_name, listeners=[JobListener()])
+
+
+@pytest.mark.parametrize("job", ["twice", "undecided", "too-long", "too-long-listened"])
+def test_a_placement_the_database_or_the_step_refuses_fails_the_job_not_the_launch(
+    backend: Backend, make_cluster: Any, job: str
+) -> None:
+    if job.startswith("too-long") and backend.name == "sqlite":
+        pytest.skip("SQLite stores a text longer than its column's length")
+    registry = build_registry()
+    registry.register(_refused(job))
+    master = make_cluster(work=False, registry=registry)
+    make_cluster(registry=registry)
+    execution = master.launch(job, {"run": 1})
+    assert execution.status is BatchStatus.FAILED
+    assert _placed(backend, execution.id) == 0
+    with backend.engine.connect() as conn:
+        row = conn.execute(
+            select(job_coordination).where(job_coordination.c.job_execution_id == execution.id)
+        ).one()
+    assert row.status == "FAILED", "its master closed the job"
+
+
+@pytest.mark.backends("postgresql")
+def test_a_creating_transaction_repeated_after_a_lost_connection_runs_the_job_once(
+    backend: Backend, make_cluster: Any
+) -> None:
+    """The connection drops after the partitioner, inside the creating transaction: the whole
+    transaction is made again (a new execution), and nothing of the first one remains."""
+    registry = build_registry()
+    registry.register(
+        _one_step_job("dropped", lambda grid: {f"p{i}": {"lo": i, "hi": i + 1} for i in range(3)})
+    )
+    master = make_cluster(work=False, registry=registry)
+    make_cluster(registry=registry)
+    dropped: list[int] = []
+
+    def drop(**_: Any) -> None:
+        if not dropped:
+            dropped.append(1)
+            raise OperationalError("place", {}, Exception("dropped"), connection_invalidated=True)
+
+    points.install("master.before_place", drop)
+    try:
+        execution = master.launch("dropped", {"run": 1})
+    finally:
+        points.remove("master.before_place", drop)
+    assert dropped and execution.status is BatchStatus.COMPLETED, execution.exit_status
+    with backend.engine.connect() as conn:
+        placed = conn.execute(select(partitions.c.job_execution_id)).all()
+    assert [r.job_execution_id for r in placed] == [execution.id] * 3
+
+
+def test_a_launch_whose_commit_acknowledgement_is_lost_runs_its_job(
+    backend: Backend, make_cluster: Any
+) -> None:
+    """The creating transaction committed but its acknowledgement was lost: the launch learns
+    from the database that its execution exists and runs it (it used to raise, leaving a job
+    that its live master never ran, hanging; its placed partitions ran masterless)."""
+    master = make_cluster(work=False)
+    make_cluster()
+    lost = lose_commit_acks(
+        master.node.work_engine,
+        times=1,
+        when=lambda statements: any("INSERT INTO batch_job_coordination" in s for s in statements),
+    )
+    execution = master.launch("ledger", {"run": 1})
+    assert lost.count == 1, "the fault was not injected"
+    assert execution.status is BatchStatus.COMPLETED, execution.exit_status
+    with backend.engine.connect() as conn:
+        executions = conn.execute(select(func.count()).select_from(job_execution)).scalar_one()
+    assert executions == 1
+    assert _placed(backend, execution.id) == 4

@@ -1,0 +1,202 @@
+"""Where a partitioned step's partitions go: the master reads the live workers, runs the
+partitioner, and places the partitions in one transaction that holds its mastership, or, for a
+first run the cluster creates with its partitions, in the transaction that creates the job
+execution (see :meth:`dbcluster.cluster.app.Cluster.create_execution`)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Connection
+
+from dbcluster.batch.domain import StepExecution
+from dbcluster.batch.exceptions import BatchError
+from dbcluster.batch.observe import observers
+from dbcluster.cluster.assignment import AssignmentStrategy
+from dbcluster.cluster.mastership import Mastership
+from dbcluster.cluster.patience import patiently
+from dbcluster.cluster.store import NodeInfo
+from dbcluster.testing import points
+
+if TYPE_CHECKING:
+    from dbcluster.batch.partition import PartitionStep, PartitionWork
+    from dbcluster.batch.runtime import BatchRuntime
+    from dbcluster.cluster.node import Node
+
+    #: A placement: the partitions, the node of each (by name), the step execution ids on each
+    #: node.
+    Placed = tuple[list[PartitionWork], dict[str, str], dict[str, list[int]]]
+
+
+class NoLiveNodeError(BatchError):
+    """No live node could take the partitions within the timeout."""
+
+
+class Placer:
+    """Places a master's partitions on the live worker nodes by ``strategy``."""
+
+    def __init__(self, node: Node, strategy: AssignmentStrategy, no_node_timeout_ms: int) -> None:
+        self.node = node
+        self.strategy = strategy
+        self.no_node_timeout_ms = no_node_timeout_ms
+
+    def wait_for_workers(self, mastership: Mastership) -> list[NodeInfo]:
+        deadline = time.monotonic() + self.no_node_timeout_ms / 1000
+        while True:
+            workers = patiently(
+                self.node, mastership, self.node.store.worker_nodes, "read the nodes"
+            )
+            if workers:
+                return workers
+            if time.monotonic() >= deadline:
+                raise NoLiveNodeError(
+                    f"no live worker node joined within {self.no_node_timeout_ms} ms"
+                )
+            time.sleep(self.node.settings.master_check_interval / 1000)
+
+    def place(
+        self,
+        step: PartitionStep,
+        master: StepExecution,
+        runtime: BatchRuntime,
+        mastership: Mastership,
+        workers: list[NodeInfo],
+        planned: Any,
+    ) -> Placed:
+        """One transaction on the coordination engine (on SQLite it begins IMMEDIATE, and it reads
+        before it writes): hold the mastership while pointing the coordination row at this step,
+        create the partitions' step executions and insert their PENDING rows. Returns the
+        partitions, the node of each (by name) and the step execution ids placed on each node."""
+        store = self.node.store
+        context = master.execution_context.copy()
+        placed: dict[str, Any] = {}
+
+        def work(conn: Connection) -> Placed:
+            master.execution_context.reset_to(context)
+            placed["result"] = self.place_in(
+                conn, step, master, runtime, mastership, workers, planned
+            )
+            return placed["result"]  # type: ignore[no-any-return]
+
+        def verify(conn: Connection) -> Placed | None:
+            # The first try committed when its partitions exist; its in-memory result stands.
+            if "result" in placed and store.partitions(master.id):
+                return placed["result"]  # type: ignore[no-any-return]
+            return None
+
+        return patiently(  # type: ignore[no-any-return]
+            self.node,
+            mastership,
+            lambda: store.transaction(work, "place partitions", verify),
+            "place",
+        )
+
+    def place_in(
+        self,
+        conn: Connection,
+        step: PartitionStep,
+        master: StepExecution,
+        runtime: BatchRuntime,
+        mastership: Mastership,
+        workers: list[NodeInfo],
+        planned: Any,
+        *,
+        pointed: bool = False,
+    ) -> Placed:
+        """The placement's statements, in ``conn``'s transaction: the coordination row held and
+        pointed at this step (``pointed``: the transaction wrote it so), the partitions' step
+        executions, their PENDING rows, the wake-ups (sent at COMMIT)."""
+        store = self.node.store
+        if not pointed:
+            mastership.place(conn, master.id, step.worker_step.name)
+        works = step.split(master, len(workers), runtime, conn, planned=planned)
+        placement = self.strategy.assign([w.name for w in works], workers) if works else {}
+        traced = {"trace_context": tc} if (tc := observers.trace_context(master)) else {}
+        placed_on: dict[str, list[int]] = {}
+        for w in works:
+            placed_on.setdefault(placement[w.name], []).append(w.step_execution.id)
+        if works:
+            store.place_partitions(
+                conn,
+                [
+                    {
+                        "step_execution_id": w.step_execution.id,
+                        "job_execution_id": master.job_execution.id,
+                        "master_step_execution_id": master.id,
+                        "partition_name": w.name,
+                        "assigned_node": placement[w.name],
+                        "transferable": w.transferable,
+                        "max_attempts": step.max_attempts if w.transferable else 1,
+                        **traced,
+                    }
+                    for w in works
+                ],
+                placed_on,
+            )
+        return works, placement, placed_on
+
+    def place_at_launch(
+        self,
+        conn: Connection,
+        step: PartitionStep,
+        master: StepExecution,
+        runtime: BatchRuntime,
+        mastership: Mastership,
+    ) -> None:
+        """Place a first run's partitions in the transaction that creates its job execution (see
+        :meth:`Cluster.create_execution`), so that one COMMIT makes them visible: read the live
+        workers in it, run the partitioner, place. That transaction wrote the coordination row
+        (this node the master, epoch 1) already pointing at ``master``.
+
+        The outcome is left on ``master.prepared`` for the handler: the placement, or a
+        :class:`Planned` whose partitioner failed (the step fails with that error, as if the
+        partitioner had run there). With no live worker nothing is placed (the handler waits
+        for one as usual). Raises :class:`PlaceLater` when the placement must not go in this
+        transaction: the partitioner took so long that the server may end the idle transaction
+        (``idle_transaction_timeout``), this node was fenced meanwhile, or a statement of the
+        placement failed (the step must fail with it, not the launch)."""
+        workers = self.node.store.worker_nodes(conn)
+        if not workers:
+            return
+        began = time.monotonic()
+        try:
+            planned = Planned(step.plan(master, len(workers)))
+        except Exception as error:  # noqa: BLE001 - the step fails with it, as it would later
+            planned = Planned(None, error)
+        budget_ms = self.node.settings.idle_transaction_ms / 2
+        if (time.monotonic() - began) * 1000 >= budget_ms or mastership.fenced:
+            raise PlaceLater(planned)
+        if planned.error is not None:
+            master.prepared = planned
+            return
+        points.reach("master.before_place", job_execution=master.job_execution)
+        try:
+            master.prepared = self.place_in(
+                conn, step, master, runtime, mastership, workers, planned.slices, pointed=True
+            )
+        except Exception as error:
+            raise PlaceLater(planned) from error
+        # Partitions exist under it now: the step must run (a stop requested meanwhile stops
+        # them through its handler) rather than end at once as a fresh one would.
+        master.fresh = False
+
+
+@dataclass(frozen=True)
+class Planned:
+    """What the partitioner gave for a first run (its slices, or its error), kept for the step's
+    placement after the launch's transaction (see :class:`PlaceLater`)."""
+
+    slices: Any
+    error: BaseException | None = None
+
+
+class PlaceLater(Exception):  # noqa: N818 - a signal to the launch, not a failure of it
+    """Raised out of a launch's creating transaction to roll it back: create the execution again
+    without its partitions, and place them afterwards with ``planned`` (the partitioner does not
+    run again)."""
+
+    def __init__(self, planned: Planned) -> None:
+        super().__init__("the partitions are placed after the launch's transaction")
+        self.planned = planned

@@ -1,0 +1,255 @@
+"""What a node runs that no caller of ``launch`` waits for: launch requests it accepted
+(``dbcluster submit``), automatic restarts of failed executions, and jobs it took over from a lost
+master. Each runs on a thread of its own with this node as the job's master, through the same
+:meth:`Cluster.create_execution` and :meth:`Cluster.run_execution` as a launch; the node's
+services (:mod:`dbcluster.cluster.maintenance`) call these hooks."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Connection
+
+from dbcluster.batch.context import ExecutionContext
+from dbcluster.batch.domain import JobExecution
+from dbcluster.batch.exceptions import (
+    JobExecutionAlreadyRunningError,
+    JobInstanceAlreadyCompleteError,
+    JobRestartError,
+)
+from dbcluster.batch.fence import FencedError
+from dbcluster.batch.job import AUTO_RESTARTS_KEY, AutoRestart, Job
+from dbcluster.cluster.identity import Identity
+from dbcluster.cluster.launches import LaunchClaimLostError, LaunchRequest
+from dbcluster.cluster.mastership import Mastership
+from dbcluster.cluster.patience import patiently
+from dbcluster.cluster.store import StrandedJob
+
+if TYPE_CHECKING:
+    from dbcluster.batch.launcher import JobLauncher
+    from dbcluster.batch.registry import JobRegistry
+    from dbcluster.batch.repository import JobRepository
+    from dbcluster.cluster.launches import LaunchStore
+    from dbcluster.cluster.node import Node
+
+log = logging.getLogger("dbcluster.cluster")
+
+#: How often a ``next_run`` launch makes its parameters again when another node's run took them.
+NEXT_RUN_ATTEMPTS = 5
+
+
+class UnattendedRuns:
+    """The hooks of :class:`~dbcluster.cluster.app.Cluster` that its node's services call."""
+
+    node: Node
+    registry: JobRegistry
+    repository: JobRepository
+    launcher: JobLauncher
+    launches: LaunchStore
+    _lock: threading.Lock
+    _launching: set[int]
+    _relaunching: set[int]
+    _taking_over: set[int]
+
+    if TYPE_CHECKING:  # the Cluster's own
+
+        def create_execution(self, job: Job, params: Any, **kwargs: Any) -> JobExecution: ...
+
+        def run_execution(
+            self, job: Job, execution: JobExecution, *, resume: bool = False
+        ) -> JobExecution: ...
+
+    # --- launch requests (dbcluster.cluster.maintenance.launches.LaunchAcceptor) ---------------
+
+    def accepted_jobs(self) -> list[str]:
+        return self.registry.job_names()
+
+    def launches_running(self) -> int:
+        with self._lock:
+            return len(self._launching)
+
+    def launch_request(self, request: LaunchRequest, identity: Identity) -> None:
+        with self._lock:
+            if request.request_id in self._launching:
+                return
+            self._launching.add(request.request_id)
+        threading.Thread(
+            target=self._launch_request,
+            args=(request, identity),
+            name=f"dbcluster-launch-{request.request_id}",
+            daemon=True,
+        ).start()
+
+    def _launch_request(self, request: LaunchRequest, identity: Identity) -> None:
+        """Create the request's execution (marking the request LAUNCHED in that transaction,
+        guarded by this node's claim), then run it as its master. A launch that fails before
+        its execution exists marks the request FAILED; one whose claim was lost (this node was
+        removed meanwhile) changes nothing."""
+        node_id = identity.node_id
+        execution: JobExecution | None = None
+        try:
+            with self.node.mastering():
+                if identity is not self.node.identity or identity.is_fenced:
+                    return  # the claim goes back to PENDING once the old id is removed
+                job = self.registry.get_job(request.job_name)
+                execution = self._create_requested(job, request, node_id)
+                self.node.events.launch_started(node_id, request.request_id, execution.id)
+                log.info(
+                    "launch request %d: node %s is master of execution %s",
+                    request.request_id,
+                    node_id,
+                    execution.id,
+                )
+                ended = self.run_execution(job, execution)
+                log.info(
+                    "launch request %d: execution %s ended %s",
+                    request.request_id,
+                    ended.id,
+                    ended.status.value,
+                )
+        except LaunchClaimLostError as lost:
+            log.warning("launch request %d: %s", request.request_id, lost)
+        except Exception as error:  # noqa: BLE001 - recorded on the request (or the execution)
+            if execution is not None:
+                log.exception("launched execution %s failed", execution.id)
+                return
+            message = f"{type(error).__name__}: {error}"
+            log.warning("launch request %d failed: %s", request.request_id, message)
+            try:
+                if self.launches.mark_failed(request.request_id, node_id, message):
+                    self.node.events.launch_failed(node_id, request.request_id, message)
+            except Exception:  # noqa: BLE001 - it stays CLAIMED; a removal puts it back
+                log.exception(
+                    "could not record the failure of launch request %d", request.request_id
+                )
+        finally:
+            with self._lock:
+                self._launching.discard(request.request_id)
+
+    def _create_requested(self, job: Job, request: LaunchRequest, node_id: str) -> JobExecution:
+        def mark(conn: Connection, execution: JobExecution) -> None:
+            self.launches.mark_launched(conn, request.request_id, node_id, execution.id)
+
+        attempts = NEXT_RUN_ATTEMPTS if request.next_run else 1
+        for attempt in range(attempts):
+            params = request.parameters
+            if request.next_run:
+                params = self.launcher.next_parameters(job, params)
+            try:
+                return self.create_execution(job, params, on_created=mark)
+            except (JobExecutionAlreadyRunningError, JobInstanceAlreadyCompleteError):
+                # Another node's next run took these parameters first: make them again.
+                if attempt + 1 >= attempts:
+                    raise
+        raise AssertionError("unreachable")
+
+    # --- automatic restarts (dbcluster.cluster.maintenance.restarter.Relauncher) --------------
+
+    def auto_restart_policies(self) -> dict[str, AutoRestart]:
+        return {
+            name: job.auto_restart
+            for name in self.registry.job_names()
+            if (job := self.registry.get_job(name)).auto_restart is not None
+        }
+
+    def relaunch(self, execution: JobExecution, restarts: int) -> None:
+        with self._lock:
+            if execution.id in self._relaunching:
+                return
+            self._relaunching.add(execution.id)
+        threading.Thread(
+            target=self._relaunch,
+            args=(execution, restarts),
+            name=f"dbcluster-restart-{execution.id}",
+            daemon=True,
+        ).start()
+
+    def _relaunch(self, old: JobExecution, restarts: int) -> None:
+        try:
+            job = self.registry.get_job(old.job_name)
+            with self.node.mastering():
+                new = self.create_execution(
+                    job,
+                    old.parameters,
+                    context=ExecutionContext({AUTO_RESTARTS_KEY: restarts}),
+                    after=old.id,
+                )
+                self.node.events.restarted(self.node.node_id, old.id, new.id)
+                ended = self.run_execution(job, new)
+            log.info(
+                "automatic restart %d of execution %s: execution %s ended %s",
+                restarts,
+                old.id,
+                ended.id,
+                ended.status.value,
+            )
+        except (JobRestartError, JobExecutionAlreadyRunningError, JobInstanceAlreadyCompleteError):
+            log.info("execution %s was restarted by another node", old.id)
+        except Exception:  # noqa: BLE001 - the next scan tries again
+            log.exception("automatic restart of execution %s failed", old.id)
+        finally:
+            with self._lock:
+                self._relaunching.discard(old.id)
+
+    # --- takeover (dbcluster.cluster.maintenance.stranded.Takeover) --------------------------
+
+    def can_take_over(self, job_execution_id: int) -> bool:
+        execution = self.repository.get_job_execution(job_execution_id)
+        return (
+            execution is not None
+            and execution.status.is_running
+            and execution.job_name in self.registry.job_names()
+        )
+
+    def taking_over(self, job_execution_id: int) -> bool:
+        with self._lock:
+            return job_execution_id in self._taking_over
+
+    def take_over(self, job: StrandedJob, identity: Identity, lost_master: str) -> None:
+        with self._lock:
+            if job.job_execution_id in self._taking_over:
+                return
+            self._taking_over.add(job.job_execution_id)
+        thread = threading.Thread(
+            target=self._run_taken_over,
+            args=(job, identity, lost_master),
+            name=f"dbcluster-takeover-{job.job_execution_id}",
+            daemon=True,
+        )
+        thread.start()
+
+    def _run_taken_over(self, job: StrandedJob, identity: Identity, lost_master: str) -> None:
+        store = self.node.store
+        mastership = Mastership(store, job.job_execution_id, identity, job.master_epoch)
+        try:
+            with self.node.mastering():
+                started = patiently(
+                    self.node, mastership, lambda: store.start_mastership(job), "take over its job"
+                )
+                if not started:
+                    log.warning("node %s lost the takeover of execution %s", identity.node_id, job)
+                    return
+                execution = self.repository.get_job_execution(job.job_execution_id)
+                assert execution is not None
+                execution.fence = mastership
+                self.node.events.took_over(
+                    identity.node_id, job.job_execution_id, lost_master, job.master_epoch
+                )
+                ended = self.run_execution(
+                    self.registry.get_job(execution.job_name), execution, resume=True
+                )
+                log.info(
+                    "job execution %s, taken over by node %s, ended %s",
+                    ended.id,
+                    identity.node_id,
+                    ended.status.value,
+                )
+        except FencedError:
+            log.warning("node %s lost execution %s it was taking over", identity.node_id, job)
+        except Exception:  # noqa: BLE001 - the row stays this node's; a survivor recovers it
+            log.exception("takeover of job execution %s failed", job.job_execution_id)
+        finally:
+            with self._lock:
+                self._taking_over.discard(job.job_execution_id)
