@@ -212,36 +212,29 @@ class Cluster(UnattendedRuns):
 
         placing = self._placed_at_launch(job)
 
-        coordination = store.prepared(
-            "insert coordination",
-            lambda: provider.insert_coordination(bindparam("b_id"), bindparam("b_node")),
-        )
-        launched = store.prepared(
-            "insert launched master",
-            lambda: provider.insert_master(bindparam("b_id"), 1, bindparam("b_node"), "launched"),
-        )
+        def owner(pointing: bool) -> list[Any]:
+            """This node the execution's master, epoch 1: its coordination row (when
+            ``pointing``, already pointing at the partitioned step, as the placement in this
+            transaction or a later one leaves it) and its master history row; one statement
+            where the provider can put two writes together."""
+
+            def build() -> list[Any]:
+                ids = (bindparam("b_id"), bindparam("b_node"))
+                at_step = (COORD_STARTED, bindparam("b_master"), bindparam("b_worker_step"))
+                coordination = provider.insert_coordination(*ids, *(at_step if pointing else ()))
+                launched = provider.insert_master(ids[0], 1, ids[1], "launched")
+                one = provider.together(coordination, launched)
+                return [coordination, launched] if one is None else [one]
+
+            return store.prepared(("own execution", pointing), build)  # type: ignore[no-any-return]
 
         def own(conn: Connection, execution: JobExecution) -> None:
-            row = {"b_id": execution.id, "b_node": identity.node_id}
+            row: dict[str, Any] = {"b_id": execution.id, "b_node": identity.node_id}
             master = execution.prepared_steps.get(placing.name) if placing else None
             if placing is not None and master is not None:
-                # Already pointing at the partitioned step: the placement below, or a later one
-                # (no live worker yet), finds it so.
-                pointing = store.prepared(
-                    "insert coordination at step",
-                    lambda: provider.insert_coordination(
-                        bindparam("b_id"),
-                        bindparam("b_node"),
-                        COORD_STARTED,
-                        bindparam("b_master"),
-                        bindparam("b_worker_step"),
-                    ),
-                )
-                step_row = {"b_master": master.id, "b_worker_step": placing.worker_step.name}
-                conn.execute(pointing, {**row, **step_row})
-            else:
-                conn.execute(coordination, row)
-            conn.execute(launched, row)
+                row.update(b_master=master.id, b_worker_step=placing.worker_step.name)
+            for stmt in owner("b_master" in row):
+                conn.execute(stmt, row)
             if on_created is not None:
                 on_created(conn, execution)
             execution.fence = Mastership(store, execution.id, identity)

@@ -877,7 +877,7 @@ class CoordinationStore:
         if arrays is not None and provider.supports_listen_notify and provider.notify_payload_max:
             together = self.prepared(
                 "insert partitions and notify",
-                lambda: provider.write_then_notify(
+                lambda: provider.together(
                     provider.insert_partitions_from_arrays(),
                     provider.notify(
                         provider.notify_parameter("b_channels"),

@@ -1156,10 +1156,12 @@ class QueryProvider:
         """The bound parameter :meth:`notify` takes its list of channels (or payloads) in."""
         raise NotImplementedError(f"{self.name} has no LISTEN/NOTIFY")
 
-    def write_then_notify(self, write: Insert, notify: Any) -> Any | None:
-        """One statement that runs ``write`` and then ``notify`` (a statement of :meth:`notify`),
-        taking the parameters of both, or None where the database cannot (then they are two).
-        A placement's INSERT of its partitions and its wake-ups go in one round trip."""
+    def together(self, write: Insert, then: Any) -> Any | None:
+        """One statement that runs the INSERT ``write`` and the statement ``then`` (another
+        INSERT, or a :meth:`notify`), taking the parameters of both, or None where the database
+        cannot (then they are two). Neither may need to see the other's rows: a launch's
+        coordination row and its master history row, a placement's partitions and its wake-ups
+        (sent at COMMIT) go in one round trip."""
         return None
 
     def open_listener(self, engine: Engine, channel: str) -> Listener:

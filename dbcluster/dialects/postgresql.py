@@ -159,10 +159,10 @@ class PostgreSQLProvider(QueryProvider):
             pairs
         )
 
-    def write_then_notify(self, write: Insert, notify: Any) -> Any | None:
-        # A data-modifying CTE runs whether or not the query reads it, before the query's own
-        # result is returned; the notifications are sent at COMMIT either way.
-        return notify.add_cte(write.cte("dbc_placed"))
+    def together(self, write: Insert, then: Any) -> Any | None:
+        # A data-modifying CTE runs whether or not the statement reads it, in the same snapshot
+        # as the statement (neither sees the other's rows); constraints are checked at the end.
+        return then.add_cte(write.cte("dbc_first"))
 
     def notify_parameter(self, name: str) -> Any:
         from sqlalchemy import bindparam

@@ -326,12 +326,12 @@ def test_a_placement_and_its_wake_ups_are_one_statement_where_the_database_allow
     def together(name: str) -> Any:
         provider = provider_for_name(name)
         insert = provider.insert_partitions_from_arrays() or provider.insert_partitions()
-        return provider.write_then_notify(insert, "unused: no statement is made")
+        return provider.together(insert, "unused: no statement is made")
 
     found = {n: together(n) for n in BUILTIN_NAMES if n != "postgresql"}
     assert found == dict.fromkeys(found), "only PostgreSQL has both a writable CTE and NOTIFY"
     provider = provider_for_name("postgresql")
-    stmt = provider.write_then_notify(
+    stmt = provider.together(
         provider.insert_partitions_from_arrays(),  # type: ignore[arg-type]
         provider.notify(
             provider.notify_parameter("b_channels"), provider.notify_parameter("b_payloads")
@@ -339,7 +339,7 @@ def test_a_placement_and_its_wake_ups_are_one_statement_where_the_database_allow
     )
     sql = str(stmt.compile(dialect=provider.dialect))
     # The INSERT is a CTE of the notifying SELECT: both run, in that order, in one round trip.
-    assert sql.startswith("WITH dbc_placed AS \n(INSERT INTO batch_partitions (")
+    assert sql.startswith("WITH dbc_first AS \n(INSERT INTO batch_partitions (")
     assert sql.index("INSERT INTO batch_partitions") < sql.index("pg_notify(")
     assert "%(a_step_execution_id)s::BIGINT[]" in sql and "%(b_payloads)s::TEXT[]" in sql
 
