@@ -243,6 +243,15 @@ class JobRepository:
         )
         #: Many step executions and contexts in two statements of arrays (None: executemany).
         self._bulk_inserts = _bulk_inserts(provider)
+        #: One step execution and its context in one statement, returning its id (None: two).
+        self._step_with_context = provider.insert_child_row(
+            insert(_SE).values(
+                {name: bindparam(name, type_=_SE.c[name].type) for name in _NEW_STEP_COLUMNS}
+            ),
+            _SE.c.step_execution_id,
+            _SC,
+            _NEW_CONTEXT_COLUMNS,
+        )
         #: Builds a step's final write with its fence's guard in one statement (None: apart).
         self._fold = provider.fold_guard if provider.supports_writable_cte else None
         self._folded: dict[tuple[Any, bool], Any] = {}
@@ -641,6 +650,7 @@ class JobRepository:
         texts = [ctx.to_json() for ctx in contexts]
         context_rows = [_context_columns(text) for text in texts]
         bulk = self._bulk_inserts if len(rows) > 1 else None
+        contexts_written = bulk is not None
         with self.transaction(conn) as c:
             if bulk is not None:
                 insert_steps, insert_contexts = bulk
@@ -656,6 +666,10 @@ class JobRepository:
                         **_as_arrays(context_rows, _NEW_CONTEXT_COLUMNS[1:]),
                     },
                 )
+            elif len(rows) == 1 and self._step_with_context is not None:
+                one = {**rows[0], **context_rows[0]}
+                ids = [int(c.execute(self._step_with_context, one).scalar_one())]
+                contexts_written = True
             elif len(rows) == 1:
                 ids = [self._insert_id(c, _SE, _SE.c.step_execution_id, rows[0])]
             elif c.dialect.insert_executemany_returning_sort_by_parameter_order:
@@ -672,7 +686,7 @@ class JobRepository:
                     ).all():
                         by_name[row[1]] = max(by_name.get(row[1], 0), int(row[0]))
                 ids = [by_name[name] for name in names]
-            if bulk is None:
+            if not contexts_written:
                 c.execute(
                     _INSERT[_SC.name],
                     [

@@ -382,6 +382,16 @@ class QueryProvider:
             select(func.count()).select_from(written).scalar_subquery().label("written"),
         )
 
+    def insert_child_row(
+        self, parent: Insert, parent_key: Any, child: Table, child_columns: Sequence[str]
+    ) -> Insert | None:
+        """Where :attr:`supports_writable_cte`: one statement that inserts ``parent`` (one row)
+        and the row of ``child`` that belongs to it, whose first column of ``child_columns``
+        takes the parent's new ``parent_key`` and the others the bound parameters of their
+        names; it returns that key. A step execution and its context in one round trip. None:
+        the caller runs the two INSERTs."""
+        return None
+
     def insert_from_arrays(
         self,
         table: Table,

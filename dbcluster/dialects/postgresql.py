@@ -159,6 +159,17 @@ class PostgreSQLProvider(QueryProvider):
             pairs
         )
 
+    def insert_child_row(
+        self, parent: Insert, parent_key: Any, child: Table, child_columns: Sequence[str]
+    ) -> Insert | None:
+        made = parent.returning(parent_key).cte("dbc_parent")
+        key, *others = child_columns
+        row = select(
+            made.c[parent_key.name],
+            *(bindparam(name, type_=child.c[name].type) for name in others),
+        )
+        return insert(child).from_select([key, *others], row).returning(child.c[key])
+
     def together(self, write: Insert, then: Any) -> Any | None:
         # A data-modifying CTE runs whether or not the statement reads it, in the same snapshot
         # as the statement (neither sees the other's rows); constraints are checked at the end.

@@ -209,3 +209,25 @@ def test_ids_without_returning(
         stored = repo.get_step_execution(se.id)
         assert stored is not None and stored.step_name == se.step_name
         assert stored.execution_context["n"] == se.execution_context["n"]
+
+
+def test_a_step_created_alone_with_its_context_reads_back_as_made(
+    repo: JobRepository, backend: Any
+) -> None:
+    """One step execution and its context (on PostgreSQL one statement, insert_child_row): the
+    row and the context, short and long, are what a step created among many gets."""
+    params = _params()
+    je = repo.create_job_execution(repo.create_job_instance("job", params), params)
+    for name, context in (
+        ("short", ExecutionContext({"k": 1})),
+        ("long", ExecutionContext({"big": "y" * 5000})),
+        ("none", None),
+    ):
+        (alone,) = repo.create_step_executions(je, [(name, context)], started=True)
+        made = repo.get_step_execution(alone.id)
+        assert made is not None and made.step_name == name and made.version == 0
+        assert made.status is BatchStatus.STARTED and made.start_time is not None
+        assert dict(made.execution_context) == dict(context or {})
+        assert not made.execution_context.dirty
+    names = [s.step_name for s in repo.get_step_executions(je)]
+    assert sorted(names) == ["long", "none", "short"]

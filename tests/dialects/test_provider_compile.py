@@ -344,6 +344,27 @@ def test_a_placement_and_its_wake_ups_are_one_statement_where_the_database_allow
     assert "%(a_step_execution_id)s::BIGINT[]" in sql and "%(b_payloads)s::TEXT[]" in sql
 
 
+def test_a_step_and_its_context_are_one_insert_where_the_database_allows() -> None:
+    from sqlalchemy import insert
+
+    from dbcluster.batch.repository import _NEW_CONTEXT_COLUMNS
+
+    se, sc = schema.step_execution, schema.step_execution_context
+    made = {
+        n: provider_for_name(n).insert_child_row(
+            insert(se), se.c.step_execution_id, sc, _NEW_CONTEXT_COLUMNS
+        )
+        for n in BUILTIN_NAMES
+    }
+    assert sorted(n for n, found in made.items() if found is not None) == ["postgresql"]
+    provider = provider_for_name("postgresql")
+    sql = str(made["postgresql"].compile(dialect=provider.dialect))  # type: ignore[union-attr]
+    # The step row is a CTE at the top (PostgreSQL refuses one nested in the INSERT's SELECT).
+    assert sql.startswith("WITH dbc_parent AS \n(INSERT INTO batch_step_execution ")
+    assert "INSERT INTO batch_step_execution_context (step_execution_id, short_context, " in sql
+    assert sql.rstrip().endswith("RETURNING batch_step_execution_context.step_execution_id")
+
+
 def test_a_final_write_carries_its_fence_in_one_statement_where_the_database_allows() -> None:
     from dbcluster.batch.repository import _UPDATE_STEP, _UPDATE_STEP_CONTEXT
 
