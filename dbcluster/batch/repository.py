@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -37,6 +37,7 @@ from dbcluster.batch.fence import FoldedGuard
 from dbcluster.batch.parameters import JobParameter, JobParameters, parse_value
 from dbcluster.batch.status import BatchStatus, ExitStatus
 from dbcluster.batch.transactions import RetryPolicy, Transactions
+from dbcluster.dialects.base import array_parameters
 from dbcluster.inlists import in_batches
 
 log = logging.getLogger(__name__)
@@ -152,11 +153,6 @@ def _bulk_inserts(provider: Any) -> tuple[Any, Any] | None:
     if steps is None or contexts is None:
         return None
     return steps.returning(_SE.c.step_execution_id, _SE.c.step_name), contexts
-
-
-def _as_arrays(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> dict[str, list[Any]]:
-    """Rows as the array parameters of an ``insert_from_arrays`` statement."""
-    return {f"a_{name}": [row[name] for row in rows] for name in columns}
 
 
 def _execution_values(execution: Any, now: Any) -> dict[str, Any]:
@@ -656,14 +652,14 @@ class JobRepository:
                 insert_steps, insert_contexts = bulk
                 got = {
                     row[1]: int(row[0])
-                    for row in c.execute(insert_steps, _as_arrays(rows, _NEW_STEP_COLUMNS))
+                    for row in c.execute(insert_steps, array_parameters(rows, _NEW_STEP_COLUMNS))
                 }
                 ids = [got[name] for name in names]
                 c.execute(
                     insert_contexts,
                     {
                         "a_step_execution_id": ids,
-                        **_as_arrays(context_rows, _NEW_CONTEXT_COLUMNS[1:]),
+                        **array_parameters(context_rows, _NEW_CONTEXT_COLUMNS[1:]),
                     },
                 )
             elif len(rows) == 1 and self._step_with_context is not None:

@@ -42,6 +42,7 @@ from dbcluster.dialects.base import (
     PARTITION_FAILED,
     PARTITION_PENDING,
     PLACED_COLUMNS,
+    array_parameters,
 )
 from dbcluster.inlists import in_batches
 from dbcluster.schema import job_coordination, job_execution, partitions
@@ -149,7 +150,7 @@ def _placed_arrays(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     unknown = {name for row in rows for name in row} - set(PLACED_COLUMNS)
     if unknown:
         raise ValueError(f"partition rows name columns a placement does not set: {unknown}")
-    return {f"a_{name}": [row.get(name) for row in rows] for name in PLACED_COLUMNS}
+    return array_parameters(rows, PLACED_COLUMNS)
 
 
 class CoordinationStore:
@@ -707,23 +708,33 @@ class CoordinationStore:
         woken = sorted(set(node_ids))
         if not woken:
             return
-        channels = [provider.wake_channel(node_id) for node_id in woken]
         if placed is None or not provider.notify_payload_max:
             stmt = self.prepared(
                 "notify", lambda: provider.notify(provider.notify_parameter("b_channels"))
             )
-            conn.execute(stmt, {"b_channels": channels})
+            conn.execute(stmt, {"b_channels": [provider.wake_channel(n) for n in woken]})
             return
-        payloads = [
-            offer_payload(placed.get(node_id, ()), provider.notify_payload_max) for node_id in woken
-        ]
-        stmt = self.prepared(
+        conn.execute(self._notify_with_offers(), self._offers(woken, placed))
+
+    def _notify_with_offers(self) -> Any:
+        provider = self.provider
+        return self.prepared(
             "notify with offers",
             lambda: provider.notify(
                 provider.notify_parameter("b_channels"), provider.notify_parameter("b_payloads")
             ),
         )
-        conn.execute(stmt, {"b_channels": channels, "b_payloads": payloads})
+
+    def _offers(self, woken: Sequence[str], placed: Mapping[str, Sequence[int]]) -> dict[str, Any]:
+        """The parameters of a wake-up of each node of ``woken`` naming what was placed on it."""
+        provider = self.provider
+        return {
+            "b_channels": [provider.wake_channel(node_id) for node_id in woken],
+            "b_payloads": [
+                offer_payload(placed.get(node_id, ()), provider.notify_payload_max)
+                for node_id in woken
+            ],
+        }
 
     def fail_orphan(
         self,
@@ -877,25 +888,13 @@ class CoordinationStore:
         if arrays is not None and provider.supports_listen_notify and provider.notify_payload_max:
             together = self.prepared(
                 "insert partitions and notify",
-                lambda: provider.together(
-                    provider.insert_partitions_from_arrays(),
-                    provider.notify(
-                        provider.notify_parameter("b_channels"),
-                        provider.notify_parameter("b_payloads"),
-                    ),
-                ),
+                lambda: provider.together(arrays, self._notify_with_offers()),
             )
         if together is None or not placed:
             self.insert_partitions(conn, rows)
             self.wake_nodes(conn, placed.keys(), placed)
             return
-        woken = sorted(placed)
-        params = _placed_arrays(rows)
-        params["b_channels"] = [provider.wake_channel(node_id) for node_id in woken]
-        params["b_payloads"] = [
-            offer_payload(placed[node_id], provider.notify_payload_max) for node_id in woken
-        ]
-        conn.execute(together, params)
+        conn.execute(together, {**_placed_arrays(rows), **self._offers(sorted(placed), placed)})
 
     def insert_partitions(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
         """Place PENDING partitions in the caller's transaction, at most the provider's

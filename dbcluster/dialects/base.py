@@ -79,6 +79,16 @@ PLACED_COLUMNS = (
     "max_attempts",
     "trace_context",
 )
+
+
+def array_parameters(
+    rows: Sequence[Mapping[str, Any]], columns: Sequence[str]
+) -> dict[str, list[Any]]:
+    """Rows as the parameters of an :meth:`QueryProvider.insert_from_arrays` statement: one list
+    per column, named ``a_<column>`` (a column a row leaves out is None there)."""
+    return {f"a_{name}": [row.get(name) for row in rows] for name in columns}
+
+
 # Job execution statuses the stop request reads and writes (BatchStatus values; the provider
 # does not import the batch model).
 JOB_STARTING = "STARTING"
