@@ -133,16 +133,17 @@ class ClusterPartitionHandler:
                 f"partition step {step.name!r} is handled by the cluster, so its job must be "
                 f"launched through dbcluster.cluster.Cluster (launch or restart)"
             )
+        # What the launch's transaction did for this step: its placement, or the partitioner's
+        # result for a placement here (see Placer.place_at_launch).
         prepared, master.prepared = master.prepared, None
-        planned: Planned | None = None
-        if isinstance(prepared, Planned):
-            if prepared.error is not None:
-                raise prepared.error  # the partitioner failed in the launch's transaction
-            planned, prepared = prepared, None
+        planned = prepared if isinstance(prepared, Planned) else None
+        placed = None if planned is not None else prepared
+        if planned is not None and planned.error is not None:
+            raise planned.error  # the partitioner failed in the launch's transaction
         # A master step execution this process has just created has no partitions yet.
         placed_before = (
             []
-            if master.fresh or prepared is not None
+            if master.fresh or placed is not None
             else patiently(
                 self.node,
                 mastership,
@@ -150,18 +151,25 @@ class ClusterPartitionHandler:
                 "read the partitions",
             )
         )
-        if prepared is not None or not placed_before:
-            if prepared is not None:
-                works, placement, placed_on = prepared  # placed with the job's creation
-            else:
+        if placed_before:
+            # A master that took over this job adopts the partitions its predecessor placed:
+            # running ones run on where they are, pending ones are claimed or moved as usual.
+            ids = [int(r.step_execution_id) for r in placed_before]
+            log.info(
+                "master %s adopted %d partition(s) of %s",
+                mastership.node_id,
+                len(ids),
+                step.name,
+            )
+        else:
+            if placed is None:
                 workers = self.placer.wait_for_workers(mastership)
                 # The partitioner runs before the transaction: user code must not hold the write
                 # lock (SQLite has one for the whole database) while it reads its input.
                 slices = planned.slices if planned is not None else step.plan(master, len(workers))
                 points.reach("master.before_place", job_execution=job_execution)
-                works, placement, placed_on = self.placer.place(
-                    step, master, runtime, mastership, workers, slices
-                )
+                placed = self.placer.place(step, master, runtime, mastership, workers, slices)
+            works, placement, placed_on = placed
             if not works:
                 return []
             ids = [w.step_execution.id for w in works]
@@ -176,16 +184,6 @@ class ClusterPartitionHandler:
             node.events.placed(mastership.node_id, job_execution.id, master.id, placement)
             # A master that is also a worker starts what it placed on itself without a poll.
             node.offer(mastership.node_id, placed_on.get(mastership.node_id, []))
-        else:
-            # A master that took over this job adopts the partitions its predecessor placed:
-            # running ones run on where they are, pending ones are claimed or moved as usual.
-            ids = [int(r.step_execution_id) for r in placed_before]
-            log.info(
-                "master %s adopted %d partition(s) of %s",
-                mastership.node_id,
-                len(ids),
-                step.name,
-            )
         with node.mastering():
             try:
                 self._monitor(step, master, mastership)
