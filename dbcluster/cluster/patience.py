@@ -1,5 +1,6 @@
-"""A master waits out the database: what counts as the database's trouble (as opposed to a bug),
-and running a master's work until it succeeds while its node is still the master."""
+"""What counts as the database's passing trouble (as opposed to a bug, or a statement it refuses
+as it is): a master waits it out (running its work until it succeeds while its node is still the
+master), and a worker does not withdraw over it (see :mod:`dbcluster.cluster.worker`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from sqlalchemy.exc import (
     DataError,
     DBAPIError,
     IntegrityError,
+    InterfaceError,
     NotSupportedError,
     ProgrammingError,
 )
@@ -33,14 +35,30 @@ log = logging.getLogger("dbcluster.master")
 STATEMENT_ERRORS = (DataError, IntegrityError, ProgrammingError, NotSupportedError)
 
 
+#: Trouble outside any statement: no pooled connection in time, a commit whose outcome is
+#: unclear, a refused or timed-out connection.
+UNREACHED = (PoolTimeoutError, UnclearCommitError, ConnectionError, TimeoutError)
+
+
 def is_connectivity_error(error: BaseException) -> bool:
     """An error of the database or of reaching it (as opposed to a bug, or a statement the
     database refuses as it is): a master waits it out."""
     if isinstance(error, STATEMENT_ERRORS):
         return False
-    return isinstance(
-        error, (DBAPIError, PoolTimeoutError, UnclearCommitError, ConnectionError, TimeoutError)
-    )
+    return isinstance(error, (DBAPIError, *UNREACHED))
+
+
+def is_passing(provider: Any, error: BaseException) -> bool:
+    """Whether ``error`` is trouble the database gets over without anyone mending anything: a
+    transient error (deadlock, lock timeout, a lost or refused connection: the provider's
+    classifier), a server that takes no writes for now (read-only after a switchover), a pool
+    or client timeout, a commit whose outcome is unclear. Not every driver ``OperationalError``
+    is: SQLite and MySQL report a missing column as one."""
+    if provider.is_transient(error) or provider.is_read_only(error):
+        return True
+    if isinstance(error, DBAPIError) and error.connection_invalidated:
+        return True
+    return isinstance(error, (InterfaceError, *UNREACHED))
 
 
 def patiently(node: Node, mastership: Mastership, work: Callable[[], Any], what: str) -> Any:

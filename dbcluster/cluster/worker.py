@@ -42,15 +42,12 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
-
-from sqlalchemy.exc import DBAPIError, InterfaceError
-from sqlalchemy.exc import TimeoutError as PoolTimeoutError
+from typing import TYPE_CHECKING
 
 from dbcluster.batch.domain import utcnow
-from dbcluster.batch.transactions import UnclearCommitError
 from dbcluster.cluster.executor import Executor
 from dbcluster.cluster.identity import Identity
+from dbcluster.cluster.patience import is_passing
 from dbcluster.cluster.service import Service
 from dbcluster.cluster.store import NodeRemovedError
 from dbcluster.testing import points
@@ -70,21 +67,6 @@ CLAIM_FAILURES_TO_WITHDRAW = 3
 WITHDRAWN_PROBE_POLLS = 10
 #: The longest pause between a withdrawn node's tries (milliseconds).
 WITHDRAWN_PROBE_MAX_MS = 600_000
-
-
-def is_passing(provider: Any, error: BaseException) -> bool:
-    """Whether ``error`` is trouble the database gets over without anyone mending anything: a
-    transient error (deadlock, lock timeout, a lost or refused connection: the provider's
-    classifier), a server that takes no writes for now (read-only after a switchover), a pool
-    or client timeout, a commit whose outcome is unclear. Not every driver ``OperationalError``
-    is: SQLite and MySQL report a missing column as one."""
-    if provider.is_transient(error) or provider.is_read_only(error):
-        return True
-    if isinstance(error, DBAPIError) and error.connection_invalidated:
-        return True
-    return isinstance(
-        error, (InterfaceError, PoolTimeoutError, UnclearCommitError, ConnectionError, TimeoutError)
-    )
 
 
 class Worker(Service):

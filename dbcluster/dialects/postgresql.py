@@ -67,6 +67,11 @@ def _array_element(column_type: TypeEngine[Any]) -> TypeEngine[Any]:
     return column_type
 
 
+def _sqlstate(orig: BaseException | None) -> str | None:
+    """The error's SQLSTATE: psycopg gives ``sqlstate``, psycopg2 ``pgcode``."""
+    return getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+
+
 class PostgreSQLProvider(QueryProvider):
     name = "postgresql"
     sqlalchemy_names = ("postgresql",)
@@ -129,11 +134,10 @@ class PostgreSQLProvider(QueryProvider):
         conn.execute(stmt.on_conflict_do_update(index_elements=[nodes.c.node_id], set_=values))
 
     def _is_read_only_driver_error(self, orig: BaseException | None) -> bool:
-        sqlstate = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
-        return sqlstate == "25006"  # read_only_sql_transaction
+        return _sqlstate(orig) == "25006"  # read_only_sql_transaction
 
     def _is_transient_driver_error(self, orig: BaseException | None) -> bool:
-        sqlstate = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+        sqlstate = _sqlstate(orig)
         if not sqlstate:
             # A failed connect (refused, reset, the server starting or stopping) is an
             # OperationalError without a SQLSTATE; a wrong role, password or database is not
@@ -176,8 +180,6 @@ class PostgreSQLProvider(QueryProvider):
         return then.add_cte(write.cte("dbc_first"))
 
     def notify_parameter(self, name: str) -> Any:
-        from sqlalchemy import bindparam
-
         return bindparam(name, type_=ARRAY(Text()))
 
     def open_listener(self, engine: Engine, channel: str) -> Listener:
