@@ -28,29 +28,18 @@ from dbcluster.testing.control import freeze, lose_commit_acks, record_events
 from dbcluster.testing.waiting import in_thread, wait_for
 
 
-def _placed(backend: Backend, job_execution_id: int) -> int:
+def _placed(backend: Backend, job_execution_id: int, statuses: tuple[str, ...] = ()) -> int:
+    """The job execution's partition rows (in ``statuses``, if given)."""
+    stmt = select(func.count()).select_from(partitions)
+    stmt = stmt.where(partitions.c.job_execution_id == job_execution_id)
+    if statuses:
+        stmt = stmt.where(partitions.c.status.in_(statuses))
     with backend.engine.connect() as conn:
-        return int(
-            conn.execute(
-                select(func.count())
-                .select_from(partitions)
-                .where(partitions.c.job_execution_id == job_execution_id)
-            ).scalar_one()
-        )
+        return int(conn.execute(stmt).scalar_one())
 
 
 def _in_flight(backend: Backend, job_execution_id: int) -> int:
-    with backend.engine.connect() as conn:
-        return int(
-            conn.execute(
-                select(func.count())
-                .select_from(partitions)
-                .where(
-                    partitions.c.job_execution_id == job_execution_id,
-                    partitions.c.status.in_(PARTITION_IN_FLIGHT),
-                )
-            ).scalar_one()
-        )
+    return _placed(backend, job_execution_id, PARTITION_IN_FLIGHT)
 
 
 def _placed_when_created(backend: Backend, master: Any, job: str, run: int) -> tuple[int, Any]:
