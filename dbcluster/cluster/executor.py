@@ -44,6 +44,8 @@ current_attempt: ContextVar[int | None] = ContextVar("dbcluster_current_attempt"
 
 #: Job executions kept per node (their parameters and context, read once and shared).
 _JOB_CACHE = 64
+#: The weight of the newest run in :attr:`Executor.recent_run_ms` (an exponential average).
+_RUN_MS_WEIGHT = 0.2
 
 
 @dataclass
@@ -72,11 +74,20 @@ class Executor:
         self._tasks: dict[int, Task] = {}
         self._jobs: dict[int, JobExecution] = {}
         self._pool = ThreadPoolExecutor(self.capacity, thread_name_prefix="dbcluster-part")
+        #: How long this node's partitions ran lately (an exponential average, milliseconds);
+        #: None before the first one ended.
+        self.recent_run_ms: float | None = None
 
     @property
     def load(self) -> int:
+        """Partitions held: running, or claimed and waiting for a slot."""
         with self._lock:
             return sum(1 for t in self._tasks.values() if t.state in (CLAIMED, RUNNING))
+
+    def _ran_for(self, seconds: float) -> None:
+        ms = seconds * 1000
+        last = self.recent_run_ms
+        self.recent_run_ms = ms if last is None else last + _RUN_MS_WEIGHT * (ms - last)
 
     def holds(self, step_execution_id: int) -> bool:
         with self._lock:
@@ -139,7 +150,9 @@ class Executor:
                 if task.state == CLAIMED and self.node.stopping:
                     self._release(task)
                 return
+            began = time.monotonic()
             self._execute(task)
+            self._ran_for(time.monotonic() - began)
         except Exception as error:  # noqa: BLE001 - recorded once the database answers
             log.exception("node %s failed to run partition %s", identity.node_id, p.partition_name)
             self._fail_after_error(task, error)

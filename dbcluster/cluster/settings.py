@@ -68,6 +68,12 @@ class ClusterSettings:
     #: free capacity may claim it (a partition of a node silent for ``unreachable_threshold``
     #: may be claimed at once).
     work_stealing_delay: int = 5000
+    #: Partitions a node may hold per slot of ``concurrency_limit``, running or claimed ahead
+    #: to start as slots free up, while its recent partitions are short and transferable (see
+    #: ``cluster/worker.py``); 1 (the default): it claims only for free slots. Claimed ahead,
+    #: a partition is CLAIMED: if its node is killed, it moves when the node is removed
+    #: (``cleanup_threshold``), not when the node turns unreachable as an unclaimed one does.
+    prefetch_multiplier: int = 1
     #: What a survivor does with a job whose master is gone: ``takeover`` (it becomes the master
     #: under the next epoch and finishes the job in the same execution) or ``abandon`` (it fails
     #: the job, to be restarted).

@@ -30,6 +30,19 @@ back; each withdrawal that follows without a claim of partitions working in betw
 that pause (a claim that only fails with partitions to claim cannot keep a job's master
 waiting: the pauses outgrow ``no_node_timeout``).
 
+**Claiming ahead** (with ``prefetch_multiplier`` above 1). While its recent partitions were short
+(under :data:`PREFETCH_BELOW_MS` on average) and transferable, a node holds up to
+``prefetch_multiplier`` partitions per slot: once no more are waiting than it has slots, one claim
+takes enough to fill that, and each slot that frees up starts a waiting one at once, without a
+round trip of its own (one claim serves several partitions, as Celery's prefetch does). The
+partitions claimed ahead are STARTED and CLAIMED like any other, so every fence holds unchanged: a
+node that stops gracefully hands back those it has not begun, and a killed node's are run elsewhere
+once it is removed, as its running ones are (not once it turns unreachable, as its unclaimed ones
+are: the price of claiming ahead, which is why it is off by default). Claiming ahead stops after a
+claim that won a non-transferable partition (which a removed node's master fails instead of running
+again) and while partitions run long (one waiting behind another might have started sooner on a
+free node): then a claim takes only the free slots.
+
 **When it polls.** At once when woken: a completion on this node while more work was waiting, a
 notification that work was placed on it (see :mod:`dbcluster.cluster.notifier`), or a master on
 this node that placed some. Otherwise the interval adapts: short after a poll that found work,
@@ -59,6 +72,10 @@ log = logging.getLogger("dbcluster.node")
 
 #: The poll interval right after a poll that found work (milliseconds).
 BUSY_POLL_MS = 25
+#: A node claims ahead (see ``prefetch_multiplier``) only while its partitions ran shorter than
+#: this on average (milliseconds): a longer one waiting behind another would hold back a job
+#: that a free node elsewhere could have served.
+PREFETCH_BELOW_MS = 500
 #: Claims failing in a row (not on the database's passing trouble) that withdraw a node from
 #: taking partitions.
 CLAIM_FAILURES_TO_WITHDRAW = 3
@@ -82,7 +99,10 @@ class Worker(Service):
         self.store = node.store
         self.settings = node.settings
         self.capacity = node.capacity
+        self.prefetch_multiplier = node.settings.prefetch_multiplier
         self.executor = Executor(node, self._slot_freed)
+        #: Whether every partition of the last claim that won any was transferable.
+        self._transferable = False
         self._backlog = False
         #: Partitions a wake-up named (placed on this node under ``_offered_to``), oldest
         #: first, not yet claimed: the next claims take them without a poll.
@@ -135,7 +155,7 @@ class Worker(Service):
         identity = self.node.acting()
         if identity is None:
             return
-        free = self.capacity - self.load
+        free = self._room()
         if free <= 0:
             return  # a slot that frees up wakes the poll
         try:
@@ -150,6 +170,28 @@ class Worker(Service):
             self.interval_ms = BUSY_POLL_MS
         else:
             self.interval_ms = min(self.idle_interval_ms, self.interval_ms * 2)
+
+    def claims_ahead(self) -> bool:
+        """Whether this node holds more partitions than it has slots (see the module's
+        "Claiming ahead")."""
+        recent = self.executor.recent_run_ms
+        return (
+            self.prefetch_multiplier > 1
+            and self._transferable
+            and recent is not None
+            and recent < PREFETCH_BELOW_MS
+        )
+
+    def _room(self) -> int:
+        """How many partitions the next claim may take: the free slots; or, claiming ahead,
+        enough to hold ``prefetch_multiplier`` per slot, once no more are waiting than there
+        are slots (so that one claim serves several partitions)."""
+        held = self.load
+        if not self.claims_ahead():
+            return self.capacity - held
+        if held > self.capacity:
+            return 0  # enough are waiting: each slot that frees up starts one of them
+        return self.capacity * self.prefetch_multiplier - held
 
     def _claim_failed(self, identity: Identity, error: BaseException) -> None:
         if is_passing(self.store.provider, error):
@@ -236,6 +278,8 @@ class Worker(Service):
             self.node.fence(identity, str(exc))
             return True
         self._withdrawals = 0
+        if won:
+            self._transferable = all(claimed.partition.transferable for claimed in won)
         if offered and len(won) < len(polled):
             self.wake()  # some offers were taken or moved meanwhile: poll for what else waits
         events = self.node.events

@@ -1061,8 +1061,14 @@ class QueryProvider:
             .cte("dbc_locked")
         )
         p = partitions.c
+        # By key alone: the rows ``locked`` returned are PENDING and assigned, and locked by
+        # this statement until it commits. Repeating the status test here would let a planner
+        # that believes few rows PENDING (statistics from before a placement) scan every
+        # PENDING partition for each claim instead of looking up the ones it locked.
         claimed = (
-            self.claim_partitions(node_id, select(locked.c.step_execution_id))
+            update(partitions)
+            .where(p.step_execution_id.in_(select(locked.c.step_execution_id)))
+            .values(status=PARTITION_CLAIMED, assigned_node=node_id, last_updated=self.now())
             .returning(
                 p.step_execution_id,
                 p.master_step_execution_id,
