@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection
@@ -61,6 +62,25 @@ class UnattendedRuns:
             self, job: Job, execution: JobExecution, *, resume: bool = False
         ) -> JobExecution: ...
 
+    def _once_on_thread(
+        self, running: set[int], key: int, name: str, target: Callable[..., None], *args: Any
+    ) -> None:
+        """Run ``target(*args)`` on a daemon thread of its own, unless one for ``key`` is
+        still running (``running`` holds their keys until they end)."""
+        with self._lock:
+            if key in running:
+                return
+            running.add(key)
+
+        def run() -> None:
+            try:
+                target(*args)
+            finally:
+                with self._lock:
+                    running.discard(key)
+
+        threading.Thread(target=run, name=name, daemon=True).start()
+
     # --- launch requests (dbcluster.cluster.maintenance.launches.LaunchAcceptor) ---------------
 
     def accepted_jobs(self) -> list[str]:
@@ -71,16 +91,14 @@ class UnattendedRuns:
             return len(self._launching)
 
     def launch_request(self, request: LaunchRequest, identity: Identity) -> None:
-        with self._lock:
-            if request.request_id in self._launching:
-                return
-            self._launching.add(request.request_id)
-        threading.Thread(
-            target=self._launch_request,
-            args=(request, identity),
-            name=f"dbcluster-launch-{request.request_id}",
-            daemon=True,
-        ).start()
+        self._once_on_thread(
+            self._launching,
+            request.request_id,
+            f"dbcluster-launch-{request.request_id}",
+            self._launch_request,
+            request,
+            identity,
+        )
 
     def _launch_request(self, request: LaunchRequest, identity: Identity) -> None:
         """Create the request's execution (marking the request LAUNCHED in that transaction,
@@ -124,9 +142,6 @@ class UnattendedRuns:
                 log.exception(
                     "could not record the failure of launch request %d", request.request_id
                 )
-        finally:
-            with self._lock:
-                self._launching.discard(request.request_id)
 
     def _create_requested(self, job: Job, request: LaunchRequest, node_id: str) -> JobExecution:
         def mark(conn: Connection, execution: JobExecution) -> None:
@@ -155,16 +170,14 @@ class UnattendedRuns:
         }
 
     def relaunch(self, execution: JobExecution, restarts: int) -> None:
-        with self._lock:
-            if execution.id in self._relaunching:
-                return
-            self._relaunching.add(execution.id)
-        threading.Thread(
-            target=self._relaunch,
-            args=(execution, restarts),
-            name=f"dbcluster-restart-{execution.id}",
-            daemon=True,
-        ).start()
+        self._once_on_thread(
+            self._relaunching,
+            execution.id,
+            f"dbcluster-restart-{execution.id}",
+            self._relaunch,
+            execution,
+            restarts,
+        )
 
     def _relaunch(self, old: JobExecution, restarts: int) -> None:
         try:
@@ -189,9 +202,6 @@ class UnattendedRuns:
             log.info("execution %s was restarted by another node", old.id)
         except Exception:  # noqa: BLE001 - the next scan tries again
             log.exception("automatic restart of execution %s failed", old.id)
-        finally:
-            with self._lock:
-                self._relaunching.discard(old.id)
 
     # --- takeover (dbcluster.cluster.maintenance.stranded.Takeover) --------------------------
 
@@ -208,17 +218,15 @@ class UnattendedRuns:
             return job_execution_id in self._taking_over
 
     def take_over(self, job: StrandedJob, identity: Identity, lost_master: str) -> None:
-        with self._lock:
-            if job.job_execution_id in self._taking_over:
-                return
-            self._taking_over.add(job.job_execution_id)
-        thread = threading.Thread(
-            target=self._run_taken_over,
-            args=(job, identity, lost_master),
-            name=f"dbcluster-takeover-{job.job_execution_id}",
-            daemon=True,
+        self._once_on_thread(
+            self._taking_over,
+            job.job_execution_id,
+            f"dbcluster-takeover-{job.job_execution_id}",
+            self._run_taken_over,
+            job,
+            identity,
+            lost_master,
         )
-        thread.start()
 
     def _run_taken_over(self, job: StrandedJob, identity: Identity, lost_master: str) -> None:
         store = self.node.store
@@ -250,6 +258,3 @@ class UnattendedRuns:
             log.warning("node %s lost execution %s it was taking over", identity.node_id, job)
         except Exception:  # noqa: BLE001 - the row stays this node's; a survivor recovers it
             log.exception("takeover of job execution %s failed", job.job_execution_id)
-        finally:
-            with self._lock:
-                self._taking_over.discard(job.job_execution_id)

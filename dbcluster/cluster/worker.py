@@ -99,7 +99,6 @@ class Worker(Service):
         self.store = node.store
         self.settings = node.settings
         self.capacity = node.capacity
-        self.prefetch_multiplier = node.settings.prefetch_multiplier
         self.executor = Executor(node, self._slot_freed)
         #: Whether every partition of the last claim that won any was transferable.
         self._transferable = False
@@ -176,7 +175,7 @@ class Worker(Service):
         "Claiming ahead")."""
         recent = self.executor.recent_run_ms
         return (
-            self.prefetch_multiplier > 1
+            self.settings.prefetch_multiplier > 1
             and self._transferable
             and recent is not None
             and recent < PREFETCH_BELOW_MS
@@ -191,7 +190,7 @@ class Worker(Service):
             return self.capacity - held
         if held > self.capacity:
             return 0  # enough are waiting: each slot that frees up starts one of them
-        return self.capacity * self.prefetch_multiplier - held
+        return self.capacity * self.settings.prefetch_multiplier - held
 
     def _claim_failed(self, identity: Identity, error: BaseException) -> None:
         if is_passing(self.store.provider, error):

@@ -996,14 +996,18 @@ class QueryProvider:
         """PENDING -> CLAIMED by ``node_id``, for many partitions at once (a stolen one changes
         node and keeps its attempt: it never ran). Which ones it won is read back with
         :meth:`select_claimed` in the same transaction."""
+        return self._claim(
+            node_id,
+            partitions.c.step_execution_id.in_(step_execution_ids),
+            partitions.c.status == PARTITION_PENDING,
+            # Handed back or put back for a retry: its master places it (after the backoff).
+            partitions.c.assigned_node.is_not(None),
+        )
+
+    def _claim(self, node_id: Any, *where: ColumnElement[bool]) -> Update:
         return (
             update(partitions)
-            .where(
-                partitions.c.step_execution_id.in_(step_execution_ids),
-                partitions.c.status == PARTITION_PENDING,
-                # Handed back or put back for a retry: its master places it (after the backoff).
-                partitions.c.assigned_node.is_not(None),
-            )
+            .where(*where)
             .values(status=PARTITION_CLAIMED, assigned_node=node_id, last_updated=self.now())
         )
 
@@ -1066,9 +1070,7 @@ class QueryProvider:
         # that believes few rows PENDING (statistics from before a placement) scan every
         # PENDING partition for each claim instead of looking up the ones it locked.
         claimed = (
-            update(partitions)
-            .where(p.step_execution_id.in_(select(locked.c.step_execution_id)))
-            .values(status=PARTITION_CLAIMED, assigned_node=node_id, last_updated=self.now())
+            self._claim(node_id, p.step_execution_id.in_(select(locked.c.step_execution_id)))
             .returning(
                 p.step_execution_id,
                 p.master_step_execution_id,
