@@ -133,6 +133,13 @@ class ShortText(TypeDecorator[str]):
         concrete = provider_class.text_type(self.length) if provider_class else None
         return dialect.type_descriptor(concrete if concrete is not None else self.impl)
 
+    def bind_processor(self, dialect: Dialect) -> Callable[[Any], Any] | None:
+        if not self.clip:
+            # Nothing to cut: only the implementation's own processing (none on most drivers),
+            # not a call of process_bind_param for every value bound.
+            return self.impl_instance.bind_processor(dialect)
+        return super().bind_processor(dialect)
+
     def process_bind_param(self, value: str | None, dialect: Dialect) -> str | None:
         if not self.clip or value is None:
             return value

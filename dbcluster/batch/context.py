@@ -20,6 +20,10 @@ def _normalize(key: str, value: Any) -> Any:
     return json.loads(text)
 
 
+#: Value types no one can change in place (a context holding only these changed only if dirty).
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
 class ExecutionContext:
     """A key/value map whose values must be JSON (never pickled), with a dirty flag.
 
@@ -120,7 +124,11 @@ class ExecutionContext:
     def changed(self) -> bool:
         """Whether the database does not hold this context as it is now: put or removed since it
         was last saved, or a value mutated in place (which the dirty flag cannot see)."""
-        return self.dirty or self._saved is None or self.to_json() != self._saved
+        if self.dirty or self._saved is None:
+            return True
+        if all(type(value) in _SCALARS for value in self._data.values()):
+            return False  # nothing in it can be mutated in place: only put or remove change it
+        return self.to_json() != self._saved
 
     def to_json(self) -> str:
         return json.dumps(self._data, sort_keys=True, ensure_ascii=True, allow_nan=False)

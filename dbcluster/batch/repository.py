@@ -39,6 +39,7 @@ from dbcluster.batch.status import BatchStatus, ExitStatus
 from dbcluster.batch.transactions import RetryPolicy, Transactions
 from dbcluster.dialects.base import array_parameters
 from dbcluster.inlists import in_batches
+from dbcluster.prebuilt import Prebuilt
 
 log = logging.getLogger(__name__)
 
@@ -147,8 +148,18 @@ _NEW_CONTEXT_COLUMNS = ("step_execution_id", "short_context", "serialized_contex
 
 def _bulk_inserts(provider: Any) -> tuple[Any, Any] | None:
     """Step executions (returning their ids by name) and their contexts, each one statement
-    of arrays for any number of rows, where the database can (None: executemany)."""
-    steps = provider.insert_from_arrays(_SE, _NEW_STEP_COLUMNS)
+    of arrays for any number of rows, where the database can (None: executemany). Of the step
+    executions only the names differ: every other column is one parameter for all the rows
+    (a list of thousands of equal values costs the driver as much to send as the names)."""
+    steps = provider.insert_from_arrays(
+        _SE,
+        ("step_name",),
+        {
+            name: bindparam(name, type_=_SE.c[name].type)
+            for name in _NEW_STEP_COLUMNS
+            if name != "step_name"
+        },
+    )
     contexts = provider.insert_from_arrays(_SC, _NEW_CONTEXT_COLUMNS)
     if steps is None or contexts is None:
         return None
@@ -650,9 +661,10 @@ class JobRepository:
         with self.transaction(conn) as c:
             if bulk is not None:
                 insert_steps, insert_contexts = bulk
+                shared = {k: v for k, v in rows[0].items() if k != "step_name"}
                 got = {
                     row[1]: int(row[0])
-                    for row in c.execute(insert_steps, array_parameters(rows, _NEW_STEP_COLUMNS))
+                    for row in c.execute(insert_steps, {"a_step_name": names, **shared})
                 }
                 ids = [got[name] for name in names]
                 c.execute(
@@ -714,14 +726,18 @@ class JobRepository:
         """Whether :meth:`update_step_execution` runs a fence's guard in its own statement."""
         return self._fold is not None
 
-    def _folded_write(self, guard: Any, context: bool) -> Any:
-        key = (guard, context)
+    def _folded_write(self, guard: Any, context: bool, then: bool, dialect: Any) -> Any:
+        """The final write folded with ``guard``, built once and, where it can be, prebuilt
+        (see :mod:`dbcluster.prebuilt`: for the partition's final write with the claim of the
+        next, SQLAlchemy's per-execution cache lookup cost more than the round trip)."""
+        key = (guard, context, then)
         found = self._folded.get(key)
         if found is None:
             assert self._fold is not None
-            found = self._folded[key] = self._fold(
-                guard, _UPDATE_STEP, _UPDATE_STEP_CONTEXT if context else None
+            statement = self._fold(
+                guard, _UPDATE_STEP, _UPDATE_STEP_CONTEXT if context else None, claim_next=then
             )
+            found = self._folded[key] = Prebuilt.build(statement, dialect) or statement
         return found
 
     def update_step_execution(
@@ -748,12 +764,18 @@ class JobRepository:
             values.update(_context_values(execution.id, text))
         with self.transaction(conn) as c:
             if guard is not None:
-                row = c.execute(
-                    self._folded_write(guard.statement, context), {**values, **guard.params}
-                ).one()
+                then = guard.then_params is not None
+                params = {**values, **guard.params, **(guard.then_params or {})}
+                write = self._folded_write(guard.statement, context, then, c.dialect)
+                if isinstance(write, Prebuilt):
+                    row = write.execute(c, params).one()
+                else:
+                    row = c.execute(write, params).one()
                 if row.guarded != 1:
                     raise guard.refused()
                 refused = row.written != 1
+                if then and not refused and guard.took is not None:
+                    guard.took(row._mapping)
             elif combined is not None:  # both rows or neither: 0 is a refusal
                 refused = c.execute(combined, values).rowcount == 0
             else:

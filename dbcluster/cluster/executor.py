@@ -5,6 +5,14 @@ transactions holds the partition row until ``COMMIT``, and its final transaction
 partition's outcome with the step's. A partition whose fence is refused stops (it was taken
 away: nothing of it commits any more); one whose outcome cannot be recorded is failed under its
 fence once the database answers.
+
+**A slot hands itself on.** Where the final write can claim in the same statement (see
+``QueryProvider.fold_guard``), a partition that ends claims the next one its node knows is
+waiting (``next_partition``: what a wake-up or a poll named), and its thread runs that one next:
+one COMMIT ends a partition and starts the next, with no claim, poll or thread hand-off between.
+It is an ordinary claim (the partition was PENDING, it becomes CLAIMED and its step STARTED in
+that COMMIT), so every fence holds as for any other; a claim that wins nothing frees the slot
+and the poller takes over.
 """
 
 from __future__ import annotations
@@ -57,14 +65,23 @@ class Task:
     #: The step execution as the claim left it (STARTED), when it could be built from the row.
     preloaded: StepExecution | None = None
     claimed_at: float = field(default_factory=time.monotonic)
+    #: The fence its run holds (once it began).
+    fence: PartitionFence | None = None
 
 
 class Executor:
     """Runs claimed partitions on ``capacity`` threads; ``on_free`` is called each time one of
     them ends (the poller may claim more)."""
 
-    def __init__(self, node: Node, on_free: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        node: Node,
+        on_free: Callable[[], None],
+        next_partition: Callable[[Identity], int | None] | None = None,
+    ) -> None:
         self.node = node
+        #: A PENDING partition the node knows is waiting, for a final write to claim next.
+        self.next_partition = next_partition
         self.store = node.store
         self.repository = node.repository
         self.runtime = BatchRuntime(self.repository, LocalPartitionHandler(), node.registry)
@@ -95,15 +112,28 @@ class Executor:
 
     def submit(self, identity: Identity, claimed: list[ClaimedPartition]) -> None:
         """Run partitions a claim won (their step executions are already STARTED)."""
-        tasks = []
-        for won in claimed:
-            task = Task(won.partition, identity)
-            task.preloaded = self._step_execution(won)
-            with self._lock:
-                self._tasks[won.partition.step_execution_id] = task
-            tasks.append(task)
+        tasks = [self._held(identity, won) for won in claimed]
         for task in tasks:
             self._pool.submit(self._run, task)
+
+    def _held(self, identity: Identity, won: ClaimedPartition, after: str | None = None) -> Task:
+        """A partition a claim won (the final write of partition ``after``, when it was that),
+        announced and counted as held."""
+        p = won.partition
+        log.info(
+            "node %s claimed partition %s (%s, attempt %d)%s",
+            identity.node_id,
+            p.partition_name,
+            p.step_execution_id,
+            p.attempt,
+            "" if after is None else f" as {after} ended",
+        )
+        self.node.events.claimed(identity.node_id, p.partition_name, p.step_execution_id, p.attempt)
+        task = Task(p, identity)
+        task.preloaded = self._step_execution(won)
+        with self._lock:
+            self._tasks[p.step_execution_id] = task
+        return task
 
     def _job_execution(self, job_execution_id: int) -> JobExecution | None:
         """Job executions are read once per node and shared by their partitions (a worker step
@@ -144,24 +174,63 @@ class Executor:
             return True
 
     def _run(self, task: Task) -> None:
+        """A slot: the partition, then each one its final write claimed next."""
+        following: Task | None = task
+        while following is not None:
+            following = self._run_one(following)
+
+    def _run_one(self, task: Task) -> Task | None:
         p, identity = task.partition, task.identity
+        following = None
         try:
             if not self._begin(task):
                 if task.state == CLAIMED and self.node.stopping:
                     self._release(task)
-                return
+                return None
             began = time.monotonic()
             self._execute(task)
             self._ran_for(time.monotonic() - began)
         except Exception as error:  # noqa: BLE001 - recorded once the database answers
             log.exception("node %s failed to run partition %s", identity.node_id, p.partition_name)
             self._fail_after_error(task, error)
+        else:
+            following = self._following(task)
         finally:
+            # The next one is held before this one is forgotten: the slot never looks free.
             self._forget(task)
-            self.on_free()
+            if following is None:
+                self.on_free()
+        return following
 
-    def _fence_for(self, task: Task) -> PartitionFence:
+    def _following(self, task: Task) -> Task | None:
+        """The partition ``task``'s committed final write claimed next, held by this slot."""
+        fence = task.fence
+        if fence is None or fence.outcome is None:
+            return None
+        try:
+            won = self.store.chained(fence.chained)
+            if won is None:
+                return None
+            return self._held(task.identity, won, task.partition.partition_name)
+        except Exception:  # noqa: BLE001 - a bug: the claim stands, so it runs as any other
+            log.exception(
+                "node %s could not take the partition it claimed next", task.identity.node_id
+            )
+            try:
+                self._adopt_following(task)
+            except Exception as exc:  # noqa: BLE001 - its master recovers it once we leave
+                log.warning("could not read the partition claimed next: %s", exc)
+            return None
+
+    def _fence_for(self, task: Task, *, hand_on: bool = False) -> PartitionFence:
         p = task.partition
+        next_partition = None
+        if hand_on and self.next_partition is not None:
+            ask, identity = self.next_partition, task.identity
+
+            def next_partition() -> int | None:
+                return ask(identity)
+
         return PartitionFence(
             self.store,
             p.step_execution_id,
@@ -172,6 +241,7 @@ class Executor:
             stopping=lambda: self.node.stopping,
             max_attempts=p.max_attempts,
             retryable=lambda se: self._retryable(p.worker_step_name, se),
+            next_partition=next_partition,
         )
 
     def _retryable(self, worker_step_name: str, se: StepExecution) -> bool:
@@ -193,10 +263,11 @@ class Executor:
         if se is None:
             log.error("partition %s has no step execution", p.step_execution_id)
             return
-        fence = self._fence_for(task)
+        fence = self._fence_for(task, hand_on=True)
         se.fence = fence
         with self._lock:
             task.step_execution = se
+            task.fence = fence
             if identity.fenced.is_set():
                 return
         # Its job's stop request reaches it through the node's periodic check (no read of its
@@ -302,8 +373,10 @@ class Executor:
                 if se is None:
                     return
                 if ran is not None and se.version != ran.version:
-                    # Its final commit landed after all (with the partition's outcome), or its
-                    # master ended it (after taking the partition away).
+                    # Its final commit landed after all (with the partition's outcome, and with
+                    # the claim of the next partition it made, which this node now runs), or
+                    # its master ended it (after taking the partition away).
+                    self._adopt_following(task)
                     return
                 if ran is None and not se.status.is_running:
                     return
@@ -327,6 +400,17 @@ class Executor:
             except Exception as exc:  # noqa: BLE001 - try again when the database answers
                 log.warning("cannot record partition %s yet: %s", p.step_execution_id, exc)
                 time.sleep(self.node.settings.heartbeat_interval / 1000)
+
+    def _adopt_following(self, task: Task) -> None:
+        """After a final write whose COMMIT was unclear and landed: the partition it claimed
+        next (if it asked for one) is this node's now, and runs like any other claim."""
+        fence = task.fence
+        following = None if fence is None else fence.asked_for
+        if following is None or self.holds(following):
+            return
+        won = self.store.claimed_by(task.identity.node_id, [following])
+        if won:
+            self.submit(task.identity, won)
 
     # --- handing back ---------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection
 
-from dbcluster.batch.domain import StepExecution
+from dbcluster.batch.domain import StepExecution, utcnow
 from dbcluster.batch.fence import FencedError, FoldedGuard
 from dbcluster.batch.status import BatchStatus
 from dbcluster.dialects.base import PARTITION_COMPLETED, PARTITION_FAILED
@@ -53,6 +53,7 @@ class PartitionFence:
         stopping: Callable[[], bool],
         max_attempts: int = 1,
         retryable: Callable[[StepExecution], bool] = lambda _: False,
+        next_partition: Callable[[], int | None] | None = None,
     ) -> None:
         self.store = store
         self.step_execution_id = step_execution_id
@@ -65,6 +66,14 @@ class PartitionFence:
         self.retryable = retryable
         #: The partition status the final transaction recorded (last try).
         self.outcome: str | None = None
+        #: Names a PENDING partition for the final write to claim next for this node (None:
+        #: none known), asked once; see :meth:`finish_guard`.
+        self.next_partition = next_partition
+        self._next: int | None = None
+        self._asked = False
+        #: What the final write's claim of the next partition read back (its last try), when
+        #: it was written: a row whose ``p_id`` is NULL when that partition was not won.
+        self.chained: Any | None = None
 
     def _refuse(self, why: str) -> FencedError:
         return FencedError(
@@ -104,12 +113,39 @@ class PartitionFence:
         def done() -> None:
             self.outcome = outcome
 
+        def took(row: Any) -> None:
+            self.chained = row
+
+        self.chained = None
+        following = self._following(outcome)
         return FoldedGuard(
             statement,
             {"b_id": self.step_execution_id, "b_node": self.node_id, "b_attempt": self.attempt},
             refused=lambda: self._refuse("it moved"),
             done=done,
+            then_params=(
+                None
+                if following is None
+                else {"n_id": following, "n_node": self.node_id, "n_started_at": utcnow()}
+            ),
+            took=took,
         )
+
+    @property
+    def asked_for(self) -> int | None:
+        """The partition the final write was asked to claim next (None: none)."""
+        return self._next
+
+    def _following(self, outcome: str) -> int | None:
+        """The partition the final write claims next: one the node knows is waiting, asked
+        once (a try that is repeated claims the same one), never while the node leaves or for
+        a partition handed back because it does."""
+        if outcome == RELEASED or self.stopping() or self.next_partition is None:
+            return None
+        if not self._asked:
+            self._asked = True
+            self._next = self.next_partition()
+        return self._next
 
     def outcome_of(self, execution: StepExecution) -> str:
         if execution.status is BatchStatus.COMPLETED:

@@ -512,6 +512,27 @@ class CoordinationStore:
 
         return self.transaction(work, "claim", verify)
 
+    def claimed_by(self, node_id: str, step_execution_ids: Sequence[int]) -> list[ClaimedPartition]:
+        """Those of these partitions this node holds CLAIMED, with what the executor needs (as
+        a claim reads them back). One read."""
+        stmt = self.prepared(
+            "select claimed",
+            lambda: self.provider.select_claimed(
+                bindparam("b_node"), bindparam("b_ids", expanding=True)
+            ),
+        )
+        rows = self._rows(
+            stmt, "read claimed", {"b_node": node_id, "b_ids": list(step_execution_ids)}
+        )
+        return self._claimed(row._mapping for row in rows)
+
+    def chained(self, row: Any) -> ClaimedPartition | None:
+        """The partition a final write claimed next (see ``PartitionFence.chained``), or None
+        when it won none."""
+        if row is None or row["p_id"] is None:
+            return None
+        return self._claimed([row])[0]
+
     @staticmethod
     def _claimed(rows: Iterable[Any]) -> list[ClaimedPartition]:
         claimed = []

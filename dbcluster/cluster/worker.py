@@ -43,6 +43,11 @@ claim that won a non-transferable partition (which a removed node's master fails
 again) and while partitions run long (one waiting behind another might have started sooner on a
 free node): then a claim takes only the free slots.
 
+**Handing on.** A poll reads up to a slot's worth more than it claims; those, and offers not
+yet claimed, are what a slot whose partition ends names to its final write, which claims one of
+them in the same statement where it can (see :mod:`dbcluster.cluster.executor`): then the slot
+runs it without the poller.
+
 **When it polls.** At once when woken: a completion on this node while more work was waiting, a
 notification that work was placed on it (see :mod:`dbcluster.cluster.notifier`), or a master on
 this node that placed some. Otherwise the interval adapts: short after a poll that found work,
@@ -99,7 +104,7 @@ class Worker(Service):
         self.store = node.store
         self.settings = node.settings
         self.capacity = node.capacity
-        self.executor = Executor(node, self._slot_freed)
+        self.executor = Executor(node, self._slot_freed, self._next_partition)
         #: Whether every partition of the last claim that won any was transferable.
         self._transferable = False
         self._backlog = False
@@ -128,12 +133,25 @@ class Worker(Service):
         """Partitions placed on this node as ``node_id``: claim them next, without a poll (a
         claim still checks each one; one taken or moved meanwhile is simply not won). Wakes
         the poller either way."""
+        self._hint(node_id, step_execution_ids)
+        self.wake()
+
+    def _next_partition(self, identity: Identity) -> int | None:
+        """For a slot whose partition ends: one partition known to be waiting (offered, or
+        found by a poll beyond what it claimed), for its final write to claim next."""
+        if identity.fenced.is_set() or self.node.stopping:
+            return None
+        taken = self._take_offers(identity.node_id, 1)
+        return taken[0] if taken else None
+
+    def _hint(self, node_id: str, step_execution_ids: Sequence[int]) -> None:
+        """Partitions a poll found beyond what it claimed: offers for the next claims (no
+        wake-up: the slots that end take them)."""
         with self._offers_lock:
             if node_id != self._offered_to:
                 self._offers.clear()
                 self._offered_to = node_id
             self._offers.update(dict.fromkeys(step_execution_ids))
-        self.wake()
 
     def _take_offers(self, node_id: str, limit: int) -> list[int]:
         with self._offers_lock:
@@ -248,16 +266,21 @@ class Worker(Service):
         polled = self._take_offers(identity.node_id, free)
         offered = bool(polled)
         if not offered:
+            # Up to a slot's worth more than it claims: the partitions ending meanwhile claim
+            # those next (see the executor's "A slot hands itself on").
             polled = [
                 step_execution_id
                 for step_execution_id in self.store.poll(
                     identity.node_id,
-                    free,
+                    free + self.capacity,
                     steal_after_ms=s.work_stealing_delay,
                     unreachable_ms=s.unreachable_threshold,
                 )
                 if not self.executor.holds(step_execution_id)
             ]
+            if len(polled) > free:
+                self._hint(identity.node_id, polled[free:])
+                del polled[free:]
         # More may be waiting: poll again as soon as a slot frees up.
         self._backlog = len(polled) >= free or bool(self._offers)
         if not polled:
@@ -281,17 +304,6 @@ class Worker(Service):
             self._transferable = all(claimed.partition.transferable for claimed in won)
         if offered and len(won) < len(polled):
             self.wake()  # some offers were taken or moved meanwhile: poll for what else waits
-        events = self.node.events
-        for claimed in won:
-            p = claimed.partition
-            log.info(
-                "node %s claimed partition %s (%s, attempt %d)",
-                identity.node_id,
-                p.partition_name,
-                p.step_execution_id,
-                p.attempt,
-            )
-            events.claimed(identity.node_id, p.partition_name, p.step_execution_id, p.attempt)
         self.executor.submit(identity, won)
         return True
 

@@ -363,7 +363,12 @@ class QueryProvider:
         return None
 
     def fold_guard(
-        self, guard: Update, step_update: Update, context_update: Update | None = None
+        self,
+        guard: Update,
+        step_update: Update,
+        context_update: Update | None = None,
+        *,
+        claim_next: bool = False,
     ) -> Select[Any] | None:
         """Where :attr:`supports_writable_cte`: a step's final write and the guarded UPDATE of
         its owner row (``guard``, e.g. a partition's finish) as one statement, in the lock order
@@ -372,7 +377,9 @@ class QueryProvider:
         before changed. It answers one row: ``guarded`` (rows the guard changed: 1 or 0) and
         ``written`` (step execution rows written: 1, or 0 when the guard refused or the version
         was stale). The three share their bind parameters (``b_id`` names the step execution).
-        None: the guard and the write are statements of their own."""
+        With ``claim_next``, the same statement then claims one more partition for the node
+        (see :meth:`_claim_after`), and the row carries what it won. None: the guard and the
+        write are statements of their own."""
         if not self.supports_writable_cte:
             return None
         se, sc = schema.step_execution, schema.step_execution_context
@@ -387,10 +394,58 @@ class QueryProvider:
                 se.c.step_execution_id.in_(select(written_context.c.step_execution_id))
             )
         written = last.returning(se.c.step_execution_id).cte("dbc_written")
-        return select(
+        counts = select(
             select(func.count()).select_from(held_rows).scalar_subquery().label("guarded"),
             select(func.count()).select_from(written).scalar_subquery().label("written"),
         )
+        if not claim_next or not self.skip_locked():
+            return counts
+        return self._claim_after(counts, written)
+
+    def _claim_after(self, counts: Select[Any], written: Any) -> Select[Any]:
+        """A partition's final write that also claims the node's next partition (parameters
+        ``n_id``, ``n_node``, ``n_started_at``), only once that write changed its rows: the
+        partition that ends hands its slot to the next without a claim of its own (one
+        statement, one COMMIT). The claim is :meth:`claim_and_start`'s for one partition, except
+        for how it makes sure the node is still registered: it takes the node's row ``FOR KEY
+        SHARE SKIP LOCKED`` (after the ending partition's rows) instead of updating it. That
+        lock waits for nothing and holds up nothing that updates the row (the node's other
+        slots, its heartbeat, a sweep marking it UNREACHABLE or REMOVING), even from a
+        transaction parked before its COMMIT; only the DELETE of a removal waits for it, and a
+        row being deleted is skipped: nothing is claimed. A removal whose fencing UPDATE ran
+        before this COMMIT leaves what this claimed CLAIMED by a node that is gone, which the
+        master recovers as it recovers every partition of a node that is gone. The row answers
+        ``p_id`` NULL when nothing was won. The tables go by short aliases, which keeps the
+        statement short enough for the driver to cache its parsing (psycopg: 4,096
+        characters)."""
+        pt, se = partitions.alias("p"), schema.step_execution.alias("s")
+        nd, sc = nodes.alias("n"), schema.step_execution_context.alias("c")
+        jc = job_coordination.alias("j")
+        node = bindparam("n_node")
+        registered = (
+            select(nd.c.node_id)
+            .where(nd.c.node_id == node, exists(select(written.c.step_execution_id)))
+            .with_for_update(read=True, key_share=True, skip_locked=True)
+            .cte("dbc_nn")
+        )
+        locked = (
+            select(pt.c.step_execution_id)
+            .where(
+                pt.c.step_execution_id == bindparam("n_id"),
+                pt.c.status == PARTITION_PENDING,
+                pt.c.assigned_node.is_not(None),
+                exists(select(registered.c.node_id)),
+            )
+            .with_for_update(skip_locked=True)
+            .cte("dbc_nl")
+        )
+        claimed = self._claimed_cte(node, locked, "dbc_nc", pt)
+        started = self._started_cte(claimed, bindparam("n_started_at"), "dbc_ns", se)
+        won = self._won(claimed, started, jc, sc)
+        one = counts.subquery("dbc_counts")
+        return select(
+            one.c.guarded, one.c.written, *self._claimed_columns(claimed, started, jc, sc)
+        ).select_from(one.outerjoin(won, true()))
 
     def insert_child_row(
         self, parent: Insert, parent_key: Any, child: Table, child_columns: Sequence[str]
@@ -1004,9 +1059,9 @@ class QueryProvider:
             partitions.c.assigned_node.is_not(None),
         )
 
-    def _claim(self, node_id: Any, *where: ColumnElement[bool]) -> Update:
+    def _claim(self, node_id: Any, *where: ColumnElement[bool], table: Any = partitions) -> Update:
         return (
-            update(partitions)
+            update(table)
             .where(*where)
             .values(status=PARTITION_CLAIMED, assigned_node=node_id, last_updated=self.now())
         )
@@ -1026,8 +1081,8 @@ class QueryProvider:
         )
 
     @staticmethod
-    def _start(*where: ColumnElement[bool], started_at: Any) -> Update:
-        se = schema.step_execution
+    def _start(*where: ColumnElement[bool], started_at: Any, table: Any = None) -> Update:
+        se = schema.step_execution if table is None else table
         return (
             update(se)
             .where(*where)
@@ -1057,20 +1112,35 @@ class QueryProvider:
         session (:meth:`session_engine_options`). None: a transaction of five statements."""
         if not (self.supports_writable_cte and self.skip_locked()):
             return None
-        se, sc = schema.step_execution, schema.step_execution_context
         touched = self.touch_node(node_id, load).returning(nodes.c.node_id).cte("dbc_touched")
         locked = (
             self.lock_claimable(step_execution_ids)
             .where(exists(select(touched.c.node_id)))
             .cte("dbc_locked")
         )
-        p = partitions.c
         # By key alone: the rows ``locked`` returned are PENDING and assigned, and locked by
         # this statement until it commits. Repeating the status test here would let a planner
         # that believes few rows PENDING (statistics from before a placement) scan every
         # PENDING partition for each claim instead of looking up the ones it locked.
-        claimed = (
-            self._claim(node_id, p.step_execution_id.in_(select(locked.c.step_execution_id)))
+        claimed = self._claimed_cte(node_id, locked, "dbc_claimed")
+        started = self._started_cte(claimed, started_at, "dbc_started")
+        # A join tree, not a subquery: the columns are named once, which keeps the statement
+        # short enough for the driver to cache its parsing (psycopg: 4,096 characters).
+        won = self._won(claimed, started)
+        return (
+            select(touched.c.node_id.label("dbc_node"), *self._claimed_columns(claimed, started))
+            .select_from(touched.outerjoin(won, true()))
+            .order_by(claimed.c.step_execution_id)
+        )
+
+    def _claimed_cte(self, node_id: Any, locked: Any, name: str, table: Any = partitions) -> Any:
+        """A claim's update of the partitions ``locked`` (a CTE of their ids) locked, by key
+        alone, returning what the executor needs of each."""
+        p = table.c
+        return (
+            self._claim(
+                node_id, p.step_execution_id.in_(select(locked.c.step_execution_id)), table=table
+            )
             .returning(
                 p.step_execution_id,
                 p.master_step_execution_id,
@@ -1080,38 +1150,42 @@ class QueryProvider:
                 p.max_attempts,
                 p.transferable,
             )
-            .cte("dbc_claimed")
+            .cte(name)
         )
-        started = (
+
+    def _started_cte(self, claimed: Any, started_at: Any, name: str, table: Any = None) -> Any:
+        """The start of the step executions of what ``claimed`` won, returning their rows."""
+        se = schema.step_execution if table is None else table
+        return (
             self._start(
                 se.c.step_execution_id.in_(select(claimed.c.step_execution_id)),
                 started_at=started_at,
+                table=table,
             )
             .returning(*se.c)
-            .cte("dbc_started")
-        )
-        # A join tree, not a subquery: the columns are named once, which keeps the statement
-        # short enough for the driver to cache its parsing (psycopg: 4,096 characters).
-        won = (
-            claimed.join(started, started.c.step_execution_id == claimed.c.step_execution_id)
-            .join(
-                job_coordination,
-                job_coordination.c.job_execution_id == claimed.c.job_execution_id,
-            )
-            .outerjoin(sc, sc.c.step_execution_id == claimed.c.step_execution_id)
-        )
-        return (
-            select(touched.c.node_id.label("dbc_node"), *self._claimed_columns(claimed, started))
-            .select_from(touched.outerjoin(won, true()))
-            .order_by(claimed.c.step_execution_id)
+            .cte(name)
         )
 
     @staticmethod
-    def _claimed_columns(claimed: Any, started: Any) -> list[Any]:
+    def _won(claimed: Any, started: Any, coordination: Any = None, context: Any = None) -> Any:
+        """What a claim reads back, joined: the partitions won, their steps, their worker
+        step's name and their contexts."""
+        jc = job_coordination if coordination is None else coordination
+        sc = schema.step_execution_context if context is None else context
+        return (
+            claimed.join(started, started.c.step_execution_id == claimed.c.step_execution_id)
+            .join(jc, jc.c.job_execution_id == claimed.c.job_execution_id)
+            .outerjoin(sc, sc.c.step_execution_id == claimed.c.step_execution_id)
+        )
+
+    @staticmethod
+    def _claimed_columns(
+        claimed: Any, started: Any, coordination: Any = job_coordination, context: Any = None
+    ) -> list[Any]:
         """What a claim reads back: of the partition (``claimed``: the table, or the rows a
-        claim returned), its worker step's name, its step execution (``started``) and that
-        execution's context."""
-        sc = schema.step_execution_context
+        claim returned), its worker step's name (from ``coordination``), its step execution
+        (``started``) and that execution's context (``context``: the table by default)."""
+        sc = schema.step_execution_context if context is None else context
         return [
             claimed.c.step_execution_id.label("p_id"),
             claimed.c.master_step_execution_id.label("p_master_id"),
@@ -1119,7 +1193,7 @@ class QueryProvider:
             claimed.c.attempt.label("p_attempt"),
             claimed.c.max_attempts.label("p_max_attempts"),
             claimed.c.transferable.label("p_transferable"),
-            job_coordination.c.worker_step_name.label("p_worker_step_name"),
+            coordination.c.worker_step_name.label("p_worker_step_name"),
             *started.c,
             sc.c.short_context,
             sc.c.serialized_context,

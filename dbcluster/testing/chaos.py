@@ -650,6 +650,14 @@ def format_summary(s: dict[str, Any]) -> str:
     show_default=True,
     help="Which processes the faults fall on: masters only, workers only, or both.",
 )
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=10,
+    show_default=True,
+    help="Partitions each node runs at once (few slots and short partitions: slots hand "
+    "themselves on, partition after partition).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def chaos(
     url: str,
@@ -662,6 +670,7 @@ def chaos(
     settle_timeout: float,
     workdir: str | None,
     target: str,
+    concurrency: int,
     as_json: bool,
 ) -> None:
     """Run nodes on URL, inject seeded faults, check every invariant (exit 0 only if all held).
@@ -684,6 +693,7 @@ def chaos(
         workdir=workdir,
         log=say,
         target=target,
+        env={"DBCLUSTER_CONCURRENCY_LIMIT": str(concurrency)},
     )
     click.echo(json.dumps(summary, default=str, indent=2) if as_json else format_summary(summary))
     sys.exit(0 if summary["ok"] else 1)
