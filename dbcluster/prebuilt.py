@@ -56,11 +56,11 @@ class Prebuilt:
         constants: dict[str, Any] = {}
         processors: dict[str, Callable[[Any], Any]] = {}
         for bind, name in compiled.bind_names.items():
-            if name in names:
-                continue
-            names.append(name)
+            if name not in names:
+                names.append(name)
             if not bind.required:
                 constants[name] = bind.effective_value
+            # Of the binds sharing a name, the last with a processor, as SQLAlchemy takes it.
             process = bind.type.dialect_impl(dialect).bind_processor(dialect)
             if process is not None:
                 processors[name] = process

@@ -342,6 +342,9 @@ class CoordinationStore:
         def remove(conn: Connection) -> int:
             if not self.execute(conn, provider.mark_removing(cleanup_ms)):
                 return 0
+            # Waits for a final write of theirs that claimed its next partition (see
+            # QueryProvider.lock_removing): the fencing below then moves that one too.
+            conn.execute(provider.lock_removing()).all()
             self.execute(conn, provider.fence_partitions_of_removing())
             return self.execute(conn, provider.delete_removing())
 
@@ -361,6 +364,7 @@ class CoordinationStore:
         def work(conn: Connection) -> None:
             if self.execute(conn, provider.touch_node(node_id, 0)) != 1:
                 return
+            conn.execute(provider.lock_node(node_id)).all()  # see QueryProvider.lock_node
             self.execute(conn, provider.fence_claims_of(node_id))
             self.execute(conn, provider.deregister_node(node_id))
 

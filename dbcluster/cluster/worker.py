@@ -139,7 +139,7 @@ class Worker(Service):
     def _next_partition(self, identity: Identity) -> int | None:
         """For a slot whose partition ends: one partition known to be waiting (offered, or
         found by a poll beyond what it claimed), for its final write to claim next."""
-        if identity.fenced.is_set() or self.node.stopping:
+        if self.node.acting() is not identity:  # fenced, leaving, or silent too long
             return None
         taken = self._take_offers(identity.node_id, 1)
         return taken[0] if taken else None

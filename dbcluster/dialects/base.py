@@ -409,15 +409,13 @@ class QueryProvider:
         statement, one COMMIT). The claim is :meth:`claim_and_start`'s for one partition, except
         for how it makes sure the node is still registered: it takes the node's row ``FOR KEY
         SHARE SKIP LOCKED`` (after the ending partition's rows) instead of updating it. That
-        lock waits for nothing and holds up nothing that updates the row (the node's other
-        slots, its heartbeat, a sweep marking it UNREACHABLE or REMOVING), even from a
-        transaction parked before its COMMIT; only the DELETE of a removal waits for it, and a
-        row being deleted is skipped: nothing is claimed. A removal whose fencing UPDATE ran
-        before this COMMIT leaves what this claimed CLAIMED by a node that is gone, which the
-        master recovers as it recovers every partition of a node that is gone. The row answers
-        ``p_id`` NULL when nothing was won. The tables go by short aliases, which keeps the
-        statement short enough for the driver to cache its parsing (psycopg: 4,096
-        characters)."""
+        lock waits for nothing and holds up nothing that only updates the row (the node's other
+        slots, its heartbeat, a sweep marking it UNREACHABLE). A removal or a node leaving
+        takes the row ``FOR UPDATE`` before it fences the node's claims (:meth:`lock_removing`,
+        :meth:`lock_node`): it waits for this COMMIT and then fences what this claimed too, and
+        once it holds the row this claims nothing. The row answers ``p_id`` NULL when nothing
+        was won. The tables go by short aliases, which keeps the statement short enough for the
+        driver to cache its parsing (psycopg: 4,096 characters)."""
         pt, se = partitions.alias("p"), schema.step_execution.alias("s")
         nd, sc = nodes.alias("n"), schema.step_execution_context.alias("c")
         jc = job_coordination.alias("j")
@@ -796,6 +794,20 @@ class QueryProvider:
             )
             .values(status=NODE_REMOVING)
         )
+
+    def lock_removing(self) -> Select[Any]:
+        """Removal, between :meth:`mark_removing` and :meth:`fence_partitions_of_removing`: the
+        REMOVING rows locked ``FOR UPDATE``. Marking them took a lock that a partition's final
+        write claiming the next one (``FOR KEY SHARE``: see :meth:`_claim_after`) does not wait
+        for, nor it for that; this one waits for such a write to commit, so the fencing UPDATE
+        after it (a statement of its own, which sees that commit) moves what it claimed too, and
+        a final write that comes later finds the row locked and claims nothing."""
+        return select(nodes.c.node_id).where(nodes.c.status == NODE_REMOVING).with_for_update()
+
+    def lock_node(self, node_id: Any) -> Select[Any]:
+        """A node leaving, before :meth:`fence_claims_of`: its row locked ``FOR UPDATE``, for
+        the reason :meth:`lock_removing` gives."""
+        return select(nodes.c.node_id).where(nodes.c.node_id == node_id).with_for_update()
 
     def fence_partitions_of_removing(self) -> Update:
         """Removal, second statement: every partition the removed nodes had CLAIMED moves to its

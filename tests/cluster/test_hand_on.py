@@ -8,10 +8,11 @@ write by hand, as a worker's fence does; the cluster test drains a job through o
 from __future__ import annotations
 
 import threading
+from datetime import datetime
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, text
 
 from dbcluster.batch.domain import utcnow
 from dbcluster.batch.fence import FencedError
@@ -23,7 +24,7 @@ from dbcluster.testing.app import FAST_SETTINGS, build_registry, ledger
 from dbcluster.testing.backends import Backend
 from dbcluster.testing.control import lose_commit_acks
 from dbcluster.testing.suite.test_provider import _place, _register, _store
-from dbcluster.testing.waiting import in_thread
+from dbcluster.testing.waiting import in_thread, wait_for
 
 NODE = "hand-on-node"
 #: Where a partition's final write is one statement (writable CTEs): PostgreSQL.
@@ -132,9 +133,9 @@ def test_a_refused_final_write_claims_nothing(backend: Backend) -> None:
 
 @FOLDS
 def test_it_waits_for_no_update_of_the_node_row(backend: Backend) -> None:
-    """A heartbeat, or a sweep marking the node UNREACHABLE or REMOVING, holds the node's row
-    while it updates it: the claim neither waits for it nor skips because of it (a lock that
-    did, ``FOR SHARE``, would claim nothing here, or hold up every heartbeat of the node)."""
+    """A heartbeat, or a sweep marking the node UNREACHABLE, holds the node's row while it
+    updates it: the claim neither waits for it nor skips because of it (a lock that did, ``FOR
+    SHARE``, would claim nothing here, or hold up every heartbeat of the node)."""
     store, (first, second), attempt = _setup(backend)
     with backend.engine.connect() as holder:
         holder.execute(nodes.update().where(nodes.c.node_id == NODE).values(current_load=3))
@@ -252,3 +253,80 @@ def test_a_final_write_whose_commit_acknowledgement_is_lost_runs_what_it_claimed
             select(ledger.c.partition_name).where(ledger.c.job_execution_id == execution.id)
         ).all()
     assert len(written) == 6 and len({r.partition_name for r in written}) == 6
+
+
+def _open_final_write(engine: Any, store: Any, sid: int, attempt: int, following: int) -> Any:
+    """Partition ``sid``'s final write claiming ``following``, run but not committed: the
+    transaction (its connection) is returned open."""
+    repository = JobRepository(engine)
+    se = repository.get_step_execution(sid)
+    assert se is not None
+    fence = PartitionFence(
+        store,
+        sid,
+        NODE,
+        attempt,
+        transferable=True,
+        fenced=threading.Event(),
+        stopping=lambda: False,
+        next_partition=lambda: following,
+    )
+    se.fence = fence
+    se.status = BatchStatus.COMPLETED
+    se.end_time = utcnow()
+    guard = fence.finish_guard(se)
+    assert guard is not None
+    conn = engine.connect()
+    conn.begin()
+    repository.update_step_execution(se, conn, guard=guard)
+    assert store.chained(fence.chained) is not None
+    return conn
+
+
+def _waiting_on_a_lock(engine: Any) -> bool:
+    with engine.connect() as conn:
+        return bool(
+            conn.execute(
+                text("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
+            ).scalar_one()
+        )
+
+
+@FOLDS
+@pytest.mark.parametrize("how", ["removed", "leaving"])
+def test_a_node_removed_or_leaving_meanwhile_fences_what_the_final_write_claimed(
+    backend: Backend, how: str
+) -> None:
+    """The final write claimed the next partition and has not committed when the node is
+    removed (a sweep) or leaves (deregisters): the removal waits for that COMMIT and fences the
+    partition it claimed as well (its next attempt), so a removed node commits nothing more for
+    it. (Marking the node REMOVING does not wait for the final write's lock on the node's row:
+    without the removal's own lock of the row, its fencing UPDATE missed that partition.)"""
+    store, (first, second), attempt = _setup(backend)
+    engine = backend.engine
+    if how == "removed":
+        with engine.begin() as conn:
+            conn.execute(
+                nodes.update()
+                .where(nodes.c.node_id == NODE)
+                .values(status="UNREACHABLE", last_heartbeat=datetime(2000, 1, 1))
+            )
+    writer = _open_final_write(engine, store, first, attempt, second)
+    try:
+        if how == "removed":
+            remover = in_thread(lambda: store.sweep(1000, 2000))
+        else:
+            remover = in_thread(lambda: store.deregister(NODE))
+        wait_for(lambda: _waiting_on_a_lock(engine), what="the removal to wait on a lock")
+        writer.commit()
+    finally:
+        writer.close()
+    remover["thread"].join(30)
+    assert not remover["thread"].is_alive()
+    with engine.connect() as conn:
+        assert conn.execute(select(nodes).where(nodes.c.node_id == NODE)).first() is None
+    status, node, second_attempt, _ = _state(engine, second)
+    assert second_attempt == 2, (
+        f"the partition the final write claimed is {status} at attempt {second_attempt} on "
+        f"{node}: the removal did not fence it"
+    )
