@@ -37,11 +37,11 @@ def _claim_first(store: Any, ids: list[int]) -> int:
     return won[0].partition.attempt
 
 
-def _final_write(
+def _ending(
     engine: Any, store: Any, sid: int, attempt: int, following: int | None
-) -> PartitionFence:
-    """The final write of partition ``sid`` (COMPLETED) under its fence, asking to claim
-    ``following`` next, committed."""
+) -> tuple[JobRepository, Any, PartitionFence, Any]:
+    """Partition ``sid`` COMPLETED under its fence, which asks to claim ``following`` next:
+    the repository, the step execution, the fence and its folded guard."""
     repository = JobRepository(engine)
     se = repository.get_step_execution(sid)
     assert se is not None
@@ -60,6 +60,15 @@ def _final_write(
     se.end_time = utcnow()
     guard = fence.finish_guard(se)
     assert guard is not None and guard.then_params is not None
+    return repository, se, fence, guard
+
+
+def _final_write(
+    engine: Any, store: Any, sid: int, attempt: int, following: int | None
+) -> PartitionFence:
+    """The final write of partition ``sid`` (COMPLETED) under its fence, asking to claim
+    ``following`` next, committed."""
+    repository, se, fence, guard = _ending(engine, store, sid, attempt, following)
     with engine.begin() as conn:
         repository.update_step_execution(se, conn, guard=guard)
         guard.done()
@@ -258,24 +267,7 @@ def test_a_final_write_whose_commit_acknowledgement_is_lost_runs_what_it_claimed
 def _open_final_write(engine: Any, store: Any, sid: int, attempt: int, following: int) -> Any:
     """Partition ``sid``'s final write claiming ``following``, run but not committed: the
     transaction (its connection) is returned open."""
-    repository = JobRepository(engine)
-    se = repository.get_step_execution(sid)
-    assert se is not None
-    fence = PartitionFence(
-        store,
-        sid,
-        NODE,
-        attempt,
-        transferable=True,
-        fenced=threading.Event(),
-        stopping=lambda: False,
-        next_partition=lambda: following,
-    )
-    se.fence = fence
-    se.status = BatchStatus.COMPLETED
-    se.end_time = utcnow()
-    guard = fence.finish_guard(se)
-    assert guard is not None
+    repository, se, fence, guard = _ending(engine, store, sid, attempt, following)
     conn = engine.connect()
     conn.begin()
     repository.update_step_execution(se, conn, guard=guard)
