@@ -24,6 +24,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING
 
 from dbcluster.batch.domain import JobExecution, StepExecution, utcnow
@@ -226,11 +227,7 @@ class Executor:
         p = task.partition
         next_partition = None
         if hand_on and self.next_partition is not None:
-            ask, identity = self.next_partition, task.identity
-
-            def next_partition() -> int | None:
-                return ask(identity)
-
+            next_partition = partial(self.next_partition, task.identity)
         return PartitionFence(
             self.store,
             p.step_execution_id,

@@ -424,12 +424,7 @@ class CoordinationStore:
         provider = self.provider
         ids = list(step_execution_ids)
         node = {"b_node": node_id}
-        select_claimed = self.prepared(
-            "select claimed",
-            lambda: provider.select_claimed(
-                bindparam("b_node"), bindparam("b_ids", expanding=True)
-            ),
-        )
+        select_claimed = self._select_claimed()
 
         # The whole claim in one statement that commits on its own, where the database can;
         # else a transaction of five.
@@ -516,17 +511,21 @@ class CoordinationStore:
 
         return self.transaction(work, "claim", verify)
 
-    def claimed_by(self, node_id: str, step_execution_ids: Sequence[int]) -> list[ClaimedPartition]:
-        """Those of these partitions this node holds CLAIMED, with what the executor needs (as
-        a claim reads them back). One read."""
-        stmt = self.prepared(
+    def _select_claimed(self) -> Any:
+        return self.prepared(
             "select claimed",
             lambda: self.provider.select_claimed(
                 bindparam("b_node"), bindparam("b_ids", expanding=True)
             ),
         )
+
+    def claimed_by(self, node_id: str, step_execution_ids: Sequence[int]) -> list[ClaimedPartition]:
+        """Those of these partitions this node holds CLAIMED, with what the executor needs (as
+        a claim reads them back). One read."""
         rows = self._rows(
-            stmt, "read claimed", {"b_node": node_id, "b_ids": list(step_execution_ids)}
+            self._select_claimed(),
+            "read claimed",
+            {"b_node": node_id, "b_ids": list(step_execution_ids)},
         )
         return self._claimed(row._mapping for row in rows)
 

@@ -427,14 +427,8 @@ class QueryProvider:
             .cte("dbc_nn")
         )
         locked = (
-            select(pt.c.step_execution_id)
-            .where(
-                pt.c.step_execution_id == bindparam("n_id"),
-                pt.c.status == PARTITION_PENDING,
-                pt.c.assigned_node.is_not(None),
-                exists(select(registered.c.node_id)),
-            )
-            .with_for_update(skip_locked=True)
+            self.lock_claimable([bindparam("n_id", type_=pt.c.step_execution_id.type)], pt)
+            .where(exists(select(registered.c.node_id)))
             .cte("dbc_nl")
         )
         claimed = self._claimed_cte(node, locked, "dbc_nc", pt)
@@ -1046,14 +1040,15 @@ class QueryProvider:
         :attr:`supports_skip_locked`; a subclass may judge by server version)."""
         return self.supports_skip_locked
 
-    def lock_claimable(self, step_execution_ids: Any) -> Select[Any]:
+    def lock_claimable(self, step_execution_ids: Any, table: Any = partitions) -> Select[Any]:
         """In a claim's transaction: those of the polled partitions still PENDING, locked where
         the database can skip rows another claimer holds (SKIP LOCKED); elsewhere a plain read,
-        and the guarded claim that follows decides."""
-        stmt = select(partitions.c.step_execution_id).where(
-            partitions.c.step_execution_id.in_(step_execution_ids),
-            partitions.c.status == PARTITION_PENDING,
-            partitions.c.assigned_node.is_not(None),
+        and the guarded claim that follows decides. ``table``: the partitions or an alias."""
+        p = table.c
+        stmt = select(p.step_execution_id).where(
+            p.step_execution_id.in_(step_execution_ids),
+            p.status == PARTITION_PENDING,
+            p.assigned_node.is_not(None),
         )
         if self.skip_locked():
             return stmt.with_for_update(skip_locked=True)
@@ -1192,11 +1187,12 @@ class QueryProvider:
 
     @staticmethod
     def _claimed_columns(
-        claimed: Any, started: Any, coordination: Any = job_coordination, context: Any = None
+        claimed: Any, started: Any, coordination: Any = None, context: Any = None
     ) -> list[Any]:
         """What a claim reads back: of the partition (``claimed``: the table, or the rows a
         claim returned), its worker step's name (from ``coordination``), its step execution
         (``started``) and that execution's context (``context``: the table by default)."""
+        jc = job_coordination if coordination is None else coordination
         sc = schema.step_execution_context if context is None else context
         return [
             claimed.c.step_execution_id.label("p_id"),
@@ -1205,7 +1201,7 @@ class QueryProvider:
             claimed.c.attempt.label("p_attempt"),
             claimed.c.max_attempts.label("p_max_attempts"),
             claimed.c.transferable.label("p_transferable"),
-            coordination.c.worker_step_name.label("p_worker_step_name"),
+            jc.c.worker_step_name.label("p_worker_step_name"),
             *started.c,
             sc.c.short_context,
             sc.c.serialized_context,

@@ -120,6 +120,21 @@ def record_events(node: Node) -> EventRecorder:
 # --- transient database faults on one engine ------------------------------------------------------
 
 
+def result_sizes(node: Node, method: str) -> list[int]:
+    """How many items each later call of the node's store ``method`` (``poll``, ``claim``)
+    returned, in order."""
+    sizes: list[int] = []
+    original = getattr(node.store, method)
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        found = original(*args, **kwargs)
+        sizes.append(len(found))
+        return found
+
+    setattr(node.store, method, counting)
+    return sizes
+
+
 def drop_connection(engine: Engine, dbapi_connection: Any) -> BaseException:
     """Close a driver connection as a dropped network would, and return the error its driver
     raises then: one the engine's dialect judges a lost connection (so SQLAlchemy invalidates

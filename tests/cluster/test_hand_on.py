@@ -22,7 +22,7 @@ from dbcluster.cluster.fencing import PartitionFence
 from dbcluster.schema import nodes, partitions, step_execution
 from dbcluster.testing.app import FAST_SETTINGS, build_registry, ledger
 from dbcluster.testing.backends import Backend
-from dbcluster.testing.control import lose_commit_acks
+from dbcluster.testing.control import lose_commit_acks, result_sizes
 from dbcluster.testing.suite.test_provider import _place, _register, _store
 from dbcluster.testing.waiting import in_thread, wait_for
 
@@ -210,15 +210,7 @@ def test_a_slot_runs_the_partitions_it_claimed_one_after_another(
     registry = build_registry(per_node=8)
     master = make_cluster(settings, work=False, registry=registry)
     worker = make_cluster(settings, registry=registry)
-    claims: list[int] = []
-    original = worker.node.store.claim
-
-    def counting(*args: Any, **kwargs: Any) -> Any:
-        won = original(*args, **kwargs)
-        claims.append(len(won))
-        return won
-
-    worker.node.store.claim = counting
+    claims = result_sizes(worker.node, "claim")
     execution = master.launch("ledger", {"run": 1})
     assert execution.status is BatchStatus.COMPLETED, execution.exit_status
     with backend.engine.connect() as conn:
