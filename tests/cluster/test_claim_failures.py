@@ -23,6 +23,14 @@ from dbcluster.testing.backends import Backend
 from dbcluster.testing.control import record_events
 from dbcluster.testing.waiting import in_thread, wait_for
 
+#: The broken node's partitions leave it only through its withdrawal, which these tests are
+#: about: no node steals them while it holds them, not even when a loaded machine delays its
+#: heartbeats past the usual test threshold (a silent node's unclaimed partitions may be taken
+#: at once, and then the job can end before the broken node has failed a claim).
+HELD = FAST_SETTINGS.with_overrides(
+    unreachable_threshold=5000, cleanup_threshold=10000, work_stealing_delay=600_000
+)
+
 
 def _break_claims(cluster: Cluster, *, only_with_partitions: bool = False) -> dict[str, Any]:
     """Every claim of this node (with ``only_with_partitions``: every claim of at least one
@@ -96,8 +104,8 @@ def test_only_trouble_the_database_gets_over_is_passing(backend: Backend) -> Non
 def test_a_node_whose_claims_keep_failing_withdraws_and_its_work_runs_elsewhere(
     backend: Backend, make_cluster
 ) -> None:
-    broken = make_cluster()
-    healthy = make_cluster()
+    broken = make_cluster(HELD)
+    healthy = make_cluster(HELD)
     state = _break_claims(broken)
     recorder = record_events(broken.node)
     execution = healthy.launch("ledger", {"run": 1})
@@ -168,8 +176,8 @@ def test_a_withdrawn_node_keeps_no_capacity_after_a_failed_write_or_a_rejoin(
     """Its capacity 0 is written again after a failed try until it lands under the node's
     current id: when the first write failed (a database blip), and when the node rejoined under
     a new id (it registers without capacity)."""
-    broken = make_cluster()
-    healthy = make_cluster()
+    broken = make_cluster(HELD)
+    healthy = make_cluster(HELD)
     _break_claims(broken)
     store = broken.node.store
     real_set_capacity = store.set_capacity
