@@ -13,17 +13,51 @@ Only a statement SQLAlchemy would send unchanged can be prebuilt: named paramete
 expanded per execution, and result columns the driver already returns as Python values (no
 result processor on this dialect); :meth:`Prebuilt.build` answers None for any other, and the
 caller executes it as usual.
+
+**One row, straight from the driver.** :meth:`Prebuilt.one` reads a statement's single row on
+the driver's own cursor when nothing would see the difference: the connection is in a
+transaction, it does not echo, and no listener waits on its statements (``before_cursor_execute``,
+``after_cursor_execute``, or a dialect's ``do_execute``: statement counters and fault switches
+keep the usual path). SQLAlchemy's execution context and result (a result's metadata is built
+from the cursor's description on every execution of driver SQL) cost a partition's final write
+more than the database did. An error takes SQLAlchemy's own handling of a failed statement: the
+same wrapped exception, the connection invalidated when it was lost, ``handle_error`` listeners
+called.
 """
 
 from __future__ import annotations
 
+from collections import namedtuple
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from sqlalchemy import Connection
 from sqlalchemy.engine import CursorResult, Dialect
+from sqlalchemy.exc import MultipleResultsFound, NoResultFound
 
 _NAMED = ("pyformat", "named")
+#: SQLAlchemy's handling of a failed statement (2.0 and 2.1); without it, every statement takes
+#: the usual path.
+_HANDLES_FAILURES = callable(getattr(Connection, "_handle_dbapi_exception", None))
+
+
+class _RowBase(tuple):  # type: ignore[type-arg]
+    """What :meth:`Prebuilt.one` answers on the driver's path: a named tuple that also has
+    SQLAlchemy ``Row``'s ``_mapping``."""
+
+    __slots__ = ()
+    #: The columns' names as the driver described them (a name that cannot be an attribute is
+    #: still a key of ``_mapping``).
+    _names: tuple[str, ...]
+
+    @property
+    def _mapping(self) -> dict[str, Any]:
+        return dict(zip(self._names, self, strict=True))
+
+
+def _row_type(names: tuple[str, ...]) -> type[_RowBase]:
+    base = namedtuple("PrebuiltRow", names, rename=True)  # type: ignore[misc]  # noqa: PYI024
+    return type("PrebuiltRow", (base, _RowBase), {"__slots__": (), "_names": names})
 
 
 class Prebuilt:
@@ -40,6 +74,8 @@ class Prebuilt:
         self.names = names
         self.constants = constants
         self.processors = processors
+        #: The row type of :meth:`one` on the driver's path, from the first row's description.
+        self._row: type[_RowBase] | None = None
 
     @classmethod
     def build(cls, statement: Any, dialect: Dialect) -> Prebuilt | None:
@@ -69,6 +105,37 @@ class Prebuilt:
     def execute(self, conn: Connection, params: Mapping[str, Any]) -> CursorResult[Any]:
         """Run it in ``conn``'s transaction with ``params`` (each bind parameter not bound to a
         constant by name; unknown names are ignored, as SQLAlchemy ignores them)."""
+        return conn.exec_driver_sql(self.sql, self._values(params))
+
+    def one(self, conn: Connection, params: Mapping[str, Any]) -> Any:
+        """Its one row (as :meth:`execute` then ``.one()``), read on the driver's cursor where
+        nothing would see the difference (see the module)."""
+        values = self._values(params)
+        if not _direct(conn):
+            return conn.exec_driver_sql(self.sql, values).one()
+        cursor = None
+        try:
+            cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+            cursor.execute(self.sql, values)
+            rows = cursor.fetchmany(2)
+            row_type = self._row
+            if row_type is None:
+                row_type = self._row = _row_type(tuple(d[0] for d in cursor.description))
+            cursor.close()
+        except BaseException as error:
+            if cursor is not None:
+                try:
+                    cursor.close()
+                except Exception:  # noqa: BLE001, S110 - the statement's own error is raised
+                    pass
+            conn._handle_dbapi_exception(error, self.sql, values, cursor, None)
+        if len(rows) != 1:
+            if not rows:
+                raise NoResultFound("No row was found when one was required")
+            raise MultipleResultsFound("Multiple rows were found when exactly one was required")
+        return tuple.__new__(row_type, rows[0])
+
+    def _values(self, params: Mapping[str, Any]) -> dict[str, Any]:
         constants = self.constants
         try:
             values = {
@@ -78,4 +145,16 @@ class Prebuilt:
             raise TypeError(f"a value is required for bind parameter {missing}") from None
         for name, process in self.processors.items():
             values[name] = process(values[name])
-        return conn.exec_driver_sql(self.sql, values)
+        return values
+
+
+def _direct(conn: Connection) -> bool:
+    """Whether a statement may run on ``conn``'s driver cursor unseen (see the module)."""
+    return (
+        _HANDLES_FAILURES
+        and conn.in_transaction()
+        and not getattr(conn, "_echo", True)
+        and not conn.dispatch.before_cursor_execute
+        and not conn.dispatch.after_cursor_execute
+        and not conn.dialect.dispatch.do_execute
+    )

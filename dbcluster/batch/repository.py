@@ -768,7 +768,7 @@ class JobRepository:
                 params = {**values, **guard.params, **(guard.then_params or {})}
                 write = self._folded_write(guard.statement, context, then, c.dialect)
                 if isinstance(write, Prebuilt):
-                    row = write.execute(c, params).one()
+                    row = write.one(c, params)
                 else:
                     row = c.execute(write, params).one()
                 if row.guarded != 1:

@@ -75,3 +75,103 @@ def test_a_missing_parameter_is_named(backend: Backend) -> None:
 def test_an_in_list_expanded_per_execution_is_not_prebuilt(backend: Backend) -> None:
     statement = select(table.c.id).where(table.c.id.in_(bindparam("b_ids", expanding=True)))
     assert Prebuilt.build(statement, backend.engine.dialect) is None
+
+
+RETURNING = (
+    insert(table)
+    .values(id=bindparam("b_id"), name=bindparam("b_name"), kind="fixed")
+    .returning(table.c.id, table.c.name, (table.c.id + 1).label("next id"))
+)
+
+
+def _prebuilt(backend: Backend, statement: Any) -> Prebuilt:
+    built = Prebuilt.build(statement, backend.engine.dialect)
+    if built is None:
+        pytest.skip(f"{backend.engine.dialect.paramstyle} parameters: never prebuilt")
+    return built
+
+
+@pytest.fixture
+def made(backend: Backend) -> Any:
+    metadata.create_all(backend.engine)
+    yield backend.engine
+    metadata.drop_all(backend.engine)
+
+
+def test_its_one_row_read_on_the_driver_is_the_row_sqlalchemy_reads(
+    backend: Backend, made: Any
+) -> None:
+    """In a transaction and unseen, the row comes off the driver's cursor: the same values,
+    attributes and mapping (a column name that cannot be an attribute is still a key)."""
+    built = _prebuilt(backend, RETURNING)
+    with made.begin() as conn:
+        ours = built.one(conn, {"b_id": 1, "b_name": "a name longer than ten"})
+        theirs = conn.execute(RETURNING, {"b_id": 2, "b_name": "a name longer than ten"}).one()
+    assert built._row is not None, "the row did not come off the driver's cursor"
+    assert (ours.id, ours.name) == (1, theirs.name) and len(ours.name) <= 10
+    assert dict(ours._mapping) == {**dict(theirs._mapping), "id": 1, "next id": 2}
+    assert tuple(ours) == (1, theirs.name, 2)
+
+
+def test_a_statement_something_listens_to_goes_through_sqlalchemy(
+    backend: Backend, made: Any
+) -> None:
+    """A statement listener (the bench's counters, a test's recorder) sees it."""
+    from sqlalchemy import event
+
+    built = _prebuilt(backend, RETURNING)
+    seen: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        seen.append(statement)
+
+    event.listen(made, "before_cursor_execute", record)
+    try:
+        with made.begin() as conn:
+            row = built.one(conn, {"b_id": 1, "b_name": "x"})
+    finally:
+        event.remove(made, "before_cursor_execute", record)
+    assert row.id == 1 and row._mapping["next id"] == 2
+    assert seen == [built.sql] and built._row is None
+
+
+def test_a_failure_on_the_driver_is_handled_as_sqlalchemy_handles_it(
+    backend: Backend, made: Any
+) -> None:
+    """The same wrapped error, ``handle_error`` listeners called; and a connection lost under
+    the statement is invalidated, so the pool does not hand it out again."""
+    from sqlalchemy import event, text
+    from sqlalchemy.exc import DBAPIError, IntegrityError
+
+    built = _prebuilt(backend, RETURNING)
+    handled: list[Any] = []
+
+    def on_error(context: Any) -> None:
+        handled.append(context.original_exception)
+
+    event.listen(made, "handle_error", on_error)
+    try:
+        with made.begin() as conn:
+            built.one(conn, {"b_id": 1, "b_name": "x"})
+        with pytest.raises(IntegrityError), made.begin() as conn:
+            built.one(conn, {"b_id": 1, "b_name": "x"})
+        assert len(handled) == 1
+        postgresql = made.dialect.name == "postgresql"
+        conn = made.connect()
+        pid = conn.exec_driver_sql(
+            "SELECT pg_backend_pid()" if postgresql else "SELECT CONNECTION_ID()"
+        ).scalar_one()
+        conn.rollback()
+        with made.connect() as killer:  # another connection: ``conn`` is still checked out
+            killer.execute(
+                text("SELECT pg_terminate_backend(:pid)" if postgresql else "KILL :pid"),
+                {"pid": pid},
+            )
+        conn.begin()
+        with pytest.raises(DBAPIError) as lost:
+            built.one(conn, {"b_id": 2, "b_name": "x"})
+        assert lost.value.connection_invalidated, lost.value
+        assert conn.invalidated
+        conn.close()
+    finally:
+        event.remove(made, "handle_error", on_error)
