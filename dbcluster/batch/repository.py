@@ -130,20 +130,45 @@ def _provider(engine: Engine) -> Any:
     return get_provider(engine)
 
 
-#: The columns a bulk creation of step executions sets (see ``create_step_executions``).
-_NEW_STEP_COLUMNS = (
-    "version",
-    "step_name",
-    "job_execution_id",
+#: What a new job or step execution row sets beside its owner and name.
+_NEW_EXECUTION_STATE = (
     "create_time",
     "start_time",
     "status",
     "exit_code",
     "exit_message",
     "last_updated",
+)
+#: The columns a bulk creation of step executions sets (see ``create_step_executions``).
+_NEW_STEP_COLUMNS = (
+    "version",
+    "step_name",
+    "job_execution_id",
+    *_NEW_EXECUTION_STATE,
     *COUNTER_NAMES,
 )
 _NEW_CONTEXT_COLUMNS = ("step_execution_id", "short_context", "serialized_context")
+_CONTEXT_VALUE_COLUMNS = _NEW_CONTEXT_COLUMNS[1:]
+#: The columns ``create_job_execution`` sets.
+_NEW_EXECUTION_COLUMNS = ("version", "job_instance_id", *_NEW_EXECUTION_STATE)
+_PARAMETER_COLUMNS = ("parameter_name", "parameter_type", "parameter_value", "identifying")
+
+
+def _execution_with_children(provider: Any) -> Any | None:
+    """A new job execution, its context and its parameters (as arrays) in one statement that
+    returns its id, where the database can (None: three)."""
+    if not provider.supports_array_insert:
+        return None
+    return provider.insert_with_children(
+        insert(_JE).values(
+            {name: bindparam(name, type_=_JE.c[name].type) for name in _NEW_EXECUTION_COLUMNS}
+        ),
+        _JE.c.job_execution_id,
+        [
+            (_JC, ("job_execution_id", *_CONTEXT_VALUE_COLUMNS), ()),
+            (_JP, ("job_execution_id",), _PARAMETER_COLUMNS),
+        ],
+    )
 
 
 def _bulk_inserts(provider: Any) -> tuple[Any, Any] | None:
@@ -259,6 +284,9 @@ class JobRepository:
             _SC,
             _NEW_CONTEXT_COLUMNS,
         )
+        #: A job execution with its context and parameters in one statement, returning its id
+        #: (None: three).
+        self._execution_with_children = _execution_with_children(provider)
         #: Builds a step's final write with its fence's guard in one statement (None: apart).
         self._fold = provider.fold_guard if provider.supports_writable_cte else None
         self._folded: dict[tuple[Any, bool], Any] = {}
@@ -405,38 +433,47 @@ class JobRepository:
         context = context if context is not None else ExecutionContext()
         status = BatchStatus.STARTED if started else BatchStatus.STARTING
         exit_status = ExitStatus.EXECUTING if started else ExitStatus.UNKNOWN
+        values = {
+            "version": 0,
+            "job_instance_id": job_instance.id,
+            "create_time": now,
+            "start_time": now if started else None,
+            "status": status.value,
+            "exit_code": exit_status.code,
+            "exit_message": "",
+            "last_updated": now,
+        }
+        parameters = [
+            {
+                "parameter_name": name,
+                "parameter_type": p.type_name,
+                "parameter_value": p.text,
+                "identifying": p.identifying,
+            }
+            for name, p in params.parameters().items()
+        ]
+        text = context.to_json()
         with self.transaction(conn) as c:
-            new_id = self._insert_id(
-                c,
-                _JE,
-                _JE.c.job_execution_id,
-                {
-                    "version": 0,
-                    "job_instance_id": job_instance.id,
-                    "create_time": now,
-                    "start_time": now if started else None,
-                    "status": status.value,
-                    "exit_code": exit_status.code,
-                    "exit_message": "",
-                    "last_updated": now,
-                },
-            )
-            if len(params):
-                c.execute(
-                    _INSERT[_JP.name],
-                    [
+            together = self._execution_with_children
+            if together is not None:
+                new_id = int(
+                    c.execute(
+                        together,
                         {
-                            "job_execution_id": new_id,
-                            "parameter_name": name,
-                            "parameter_type": p.type_name,
-                            "parameter_value": p.text,
-                            "identifying": p.identifying,
-                        }
-                        for name, p in params.parameters().items()
-                    ],
+                            **values,
+                            **_context_columns(text),
+                            **array_parameters(parameters, _PARAMETER_COLUMNS),
+                        },
+                    ).scalar_one()
                 )
-            text = context.to_json()
-            c.execute(_INSERT[_JC.name], {"job_execution_id": new_id, **_context_columns(text)})
+            else:
+                new_id = self._insert_id(c, _JE, _JE.c.job_execution_id, values)
+                if parameters:
+                    c.execute(
+                        _INSERT[_JP.name],
+                        [{"job_execution_id": new_id, **row} for row in parameters],
+                    )
+                c.execute(_INSERT[_JC.name], {"job_execution_id": new_id, **_context_columns(text)})
         context.mark_saved(text)
         return JobExecution(
             id=new_id,

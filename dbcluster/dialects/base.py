@@ -441,12 +441,28 @@ class QueryProvider:
 
     def insert_child_row(
         self, parent: Insert, parent_key: Any, child: Table, child_columns: Sequence[str]
-    ) -> Insert | None:
+    ) -> Select[Any] | None:
         """Where :attr:`supports_writable_cte`: one statement that inserts ``parent`` (one row)
         and the row of ``child`` that belongs to it, whose first column of ``child_columns``
         takes the parent's new ``parent_key`` and the others the bound parameters of their
         names; it returns that key. A step execution and its context in one round trip. None:
         the caller runs the two INSERTs."""
+        return self.insert_with_children(parent, parent_key, [(child, child_columns, ())])
+
+    def insert_with_children(
+        self,
+        parent: Insert,
+        parent_key: Any,
+        children: Sequence[tuple[Table, Sequence[str], Sequence[str]]],
+    ) -> Select[Any] | None:
+        """Where :attr:`supports_writable_cte` (and, for array columns,
+        :attr:`supports_array_insert`): one statement that inserts ``parent`` (one row) and,
+        for each ``(child, columns, arrays)``, the rows of ``child`` that belong to it. Their
+        first column of ``columns`` takes the parent's new ``parent_key``, the others the bound
+        parameters of their names (the same in every row); each column of ``arrays`` takes one
+        element of the array parameter ``a_<column>``, a row per element (no row for empty
+        arrays; without arrays, one row). It returns that key. A job execution, its context and
+        its parameters in one round trip. None: the caller runs the INSERTs."""
         return None
 
     def insert_from_arrays(

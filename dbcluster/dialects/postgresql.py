@@ -163,16 +163,32 @@ class PostgreSQLProvider(QueryProvider):
             pairs
         )
 
-    def insert_child_row(
-        self, parent: Insert, parent_key: Any, child: Table, child_columns: Sequence[str]
-    ) -> Insert | None:
+    def insert_with_children(
+        self,
+        parent: Insert,
+        parent_key: Any,
+        children: Sequence[tuple[Table, Sequence[str], Sequence[str]]],
+    ) -> Select[Any] | None:
+        # Data-modifying CTEs run to completion whether or not the statement reads them; the
+        # arrays unnest side by side (PostgreSQL 10 and later: as many rows as elements).
         made = parent.returning(parent_key).cte("dbc_parent")
-        key, *others = child_columns
-        row = select(
-            made.c[parent_key.name],
-            *(bindparam(name, type_=child.c[name].type) for name in others),
-        )
-        return insert(child).from_select([key, *others], row).returning(child.c[key])
+        key = made.c[parent_key.name]
+        statement = select(key)
+        for index, (child, columns, arrays) in enumerate(children):
+            first, *others = columns
+            rows = select(
+                key,
+                *(bindparam(name, type_=child.c[name].type) for name in others),
+                *(
+                    func.unnest(
+                        bindparam(f"a_{name}", type_=ARRAY(_array_element(child.c[name].type)))
+                    )
+                    for name in arrays
+                ),
+            )
+            written = insert(child).from_select([first, *others, *arrays], rows)
+            statement = statement.add_cte(written.cte(f"dbc_child{index}"))
+        return statement
 
     def together(self, write: Insert, then: Any) -> Any | None:
         # A data-modifying CTE runs whether or not the statement reads it, in the same snapshot

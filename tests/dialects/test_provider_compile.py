@@ -362,7 +362,23 @@ def test_a_step_and_its_context_are_one_insert_where_the_database_allows() -> No
     # The step row is a CTE at the top (PostgreSQL refuses one nested in the INSERT's SELECT).
     assert sql.startswith("WITH dbc_parent AS \n(INSERT INTO batch_step_execution ")
     assert "INSERT INTO batch_step_execution_context (step_execution_id, short_context, " in sql
-    assert sql.rstrip().endswith("RETURNING batch_step_execution_context.step_execution_id")
+    assert sql.rstrip().endswith("SELECT dbc_parent.step_execution_id \nFROM dbc_parent")
+
+
+def test_a_job_execution_its_context_and_parameters_are_one_insert_where_the_database_allows() -> (
+    None
+):
+    """The parameters go as arrays, a row per element (none for a job without parameters)."""
+    from dbcluster.batch.repository import _execution_with_children
+
+    found = {n: _execution_with_children(provider_for_name(n)) for n in BUILTIN_NAMES}
+    assert sorted(n for n, f in found.items() if f is not None) == ["postgresql"]
+    sql = str(found["postgresql"].compile(dialect=provider_for_name("postgresql").dialect))
+    assert sql.startswith("WITH dbc_parent AS \n(INSERT INTO batch_job_execution (")
+    assert "INSERT INTO batch_job_execution_context (job_execution_id, short_context, " in sql
+    assert "unnest(%(a_parameter_name)s::TEXT[])" in sql
+    assert "unnest(%(a_identifying)s::BOOLEAN[])" in sql
+    assert sql.rstrip().endswith("SELECT dbc_parent.job_execution_id \nFROM dbc_parent")
 
 
 def test_a_final_write_carries_its_fence_in_one_statement_where_the_database_allows() -> None:
