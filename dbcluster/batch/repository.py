@@ -107,6 +107,25 @@ _INSERT_STEPS_RETURNING_IN_ORDER = insert(_SE).returning(
 _SELECT_INSTANCE = select(_JI).where(
     _JI.c.job_name == bindparam("b_name"), _JI.c.job_key == bindparam("b_key")
 )
+#: What a job execution is read with: its instance's columns and its context.
+_EXECUTION_COLUMNS = (
+    _JE,
+    _JI.c.job_name,
+    _JI.c.job_key,
+    _JI.c.version.label("instance_version"),
+    _JC.c.short_context,
+    _JC.c.serialized_context,
+)
+_PARAMETER_READ = (_JP.c.parameter_name, _JP.c.parameter_type, _JP.c.parameter_value)
+#: One job execution by id with its parameters, a row per parameter (one with NULLs for none):
+#: a worker reads each new job's execution on the way to its first partition's body.
+_SELECT_EXECUTION_WITH_PARAMS = (
+    select(*_EXECUTION_COLUMNS, *_PARAMETER_READ, _JP.c.identifying)
+    .join(_JI, _JI.c.job_instance_id == _JE.c.job_instance_id)
+    .outerjoin(_JC, _JC.c.job_execution_id == _JE.c.job_execution_id)
+    .outerjoin(_JP, _JP.c.job_execution_id == _JE.c.job_execution_id)
+    .where(_JE.c.job_execution_id == bindparam("b_id"))
+)
 _STEP_CONTEXT_VALUES = {
     "short_context": bindparam("b_short_context"),
     "serialized_context": bindparam("b_serialized_context"),
@@ -221,6 +240,28 @@ def _context_columns(context: ExecutionContext | str) -> dict[str, str | None]:
         "short_context": text[: schema.SHORT_CONTEXT_LENGTH - 3] + "...",
         "serialized_context": text,
     }
+
+
+def _parameter(m: Any) -> JobParameter:
+    return JobParameter(
+        parse_value(m["parameter_type"], m["parameter_value"] or ""),
+        identifying=bool(m["identifying"]),
+    )
+
+
+def _job_execution_from(m: Any, params: dict[str, JobParameter]) -> JobExecution:
+    """A job execution from a row of :data:`_EXECUTION_COLUMNS` and its parameters."""
+    return JobExecution(
+        id=int(m["job_execution_id"]),
+        job_instance=JobInstance(
+            id=int(m["job_instance_id"]),
+            job_name=m["job_name"],
+            job_key=m["job_key"],
+            version=int(m["instance_version"]),
+        ),
+        parameters=JobParameters(params),
+        **_execution_fields(m),
+    )
 
 
 def _execution_fields(m: Any) -> dict[str, Any]:
@@ -516,8 +557,15 @@ class JobRepository:
         self, execution_id: int, conn: Connection | None = None
     ) -> JobExecution | None:
         with self._read(conn) as c:
-            found = self._job_executions(c, _JE.c.job_execution_id == execution_id)
-        return found[0] if found else None
+            rows = c.execute(_SELECT_EXECUTION_WITH_PARAMS, {"b_id": execution_id}).all()
+        if not rows:
+            return None
+        params = {
+            m["parameter_name"]: _parameter(m)
+            for m in (row._mapping for row in rows)
+            if m["parameter_name"] is not None
+        }
+        return _job_execution_from(rows[0]._mapping, dict(sorted(params.items())))
 
     @_retried_read
     def get_job_executions(
@@ -594,14 +642,7 @@ class JobRepository:
         self, c: Connection, *where: Any, limit: int | None = None
     ) -> list[JobExecution]:
         stmt = (
-            select(
-                _JE,
-                _JI.c.job_name,
-                _JI.c.job_key,
-                _JI.c.version.label("instance_version"),
-                _JC.c.short_context,
-                _JC.c.serialized_context,
-            )
+            select(*_EXECUTION_COLUMNS)
             .join(_JI, _JI.c.job_instance_id == _JE.c.job_instance_id)
             .outerjoin(_JC, _JC.c.job_execution_id == _JE.c.job_execution_id)
             .where(*where)
@@ -621,28 +662,11 @@ class JobRepository:
                 .order_by(_JP.c.job_execution_id, _JP.c.parameter_name)
             ).all():
                 pm = p._mapping
-                params[int(pm["job_execution_id"])][pm["parameter_name"]] = JobParameter(
-                    parse_value(pm["parameter_type"], pm["parameter_value"] or ""),
-                    identifying=bool(pm["identifying"]),
-                )
-        result = []
-        for row in rows:
-            m = row._mapping
-            execution_id = int(m["job_execution_id"])
-            result.append(
-                JobExecution(
-                    id=execution_id,
-                    job_instance=JobInstance(
-                        id=int(m["job_instance_id"]),
-                        job_name=m["job_name"],
-                        job_key=m["job_key"],
-                        version=int(m["instance_version"]),
-                    ),
-                    parameters=JobParameters(params[execution_id]),
-                    **_execution_fields(m),
-                )
-            )
-        return result
+                params[int(pm["job_execution_id"])][pm["parameter_name"]] = _parameter(pm)
+        return [
+            _job_execution_from(m, params[int(m["job_execution_id"])])
+            for m in (row._mapping for row in rows)
+        ]
 
     # --- step executions ---------------------------------------------------------------------
 

@@ -8,8 +8,9 @@ SQLite round trips too when ``DBCLUSTER_BENCH_TRACE`` is set.
 from __future__ import annotations
 
 import os
+import time
 
-from sqlalchemy import BigInteger, Column, MetaData, String, Table, insert
+from sqlalchemy import BigInteger, Column, Float, MetaData, String, Table, insert
 
 from dbcluster.batch import (
     IntegerRangePartitioner,
@@ -63,6 +64,32 @@ def insert_one(ctx: ChunkContext) -> RepeatStatus:
 
 DRAIN_WORKER = TaskletStep("drain.worker", insert_one)
 
+#: The latency scenario's user table: when each partition's body began (``time.time()`` of
+#: the worker process), one row per partition.
+started_rows = Table(
+    "bench_started",
+    drain_metadata,
+    Column("step_execution_id", BigInteger, primary_key=True, autoincrement=False),
+    Column("job_execution_id", BigInteger, nullable=False),
+    Column("started_at", Float, nullable=False),
+)
+_INSERT_STARTED = insert(started_rows)
+
+
+def record_start(ctx: ChunkContext) -> RepeatStatus:
+    """The latency task's body: the time it began, one INSERT in the step's own transaction
+    (what the peer queues' latency task does)."""
+    began = time.time()
+    se = ctx.step_execution
+    ctx.connection.execute(
+        _INSERT_STARTED,
+        {"step_execution_id": se.id, "job_execution_id": se.job_execution.id, "started_at": began},
+    )
+    return RepeatStatus.FINISHED
+
+
+STARTED_WORKER = TaskletStep("started.worker", record_start)
+
 
 def drain_job(partitions: int) -> Job:
     partitioner = IntegerRangePartitioner(0, partitions, partitions=partitions, prefix="d-")
@@ -70,9 +97,21 @@ def drain_job(partitions: int) -> Job:
 
 
 def build_registry(partitions: int = 1000) -> JobRegistry:
-    registry = JobRegistry(steps=[NOOP_WORKER, DRAIN_WORKER])
+    registry = JobRegistry(steps=[NOOP_WORKER, DRAIN_WORKER, STARTED_WORKER])
     registry.register(noop_job(partitions))
     registry.register(noop_job(1, "noop-one"))
+    registry.register(
+        Job(
+            "started-one",
+            [
+                PartitionStep(
+                    "started.master",
+                    STARTED_WORKER,
+                    IntegerRangePartitioner(0, 1, partitions=1, prefix="t-"),
+                )
+            ],
+        )
+    )
     registry.register(drain_job(partitions))
     return registry
 

@@ -277,6 +277,13 @@ def make_engine(
     # _reset_when_needed): SQLAlchemy's own reset rolls back after every COMMIT, a round trip
     # with drivers that do not check first.
     options: dict[str, Any] = {"pool_reset_on_return": None, **provider.engine_options()}
+    if provider.network_backend and "poolclass" not in kwargs and "pool" not in kwargs:
+        # The connection used last goes out first: a few hot connections carry the work, with
+        # their server-side prepared statements and cached plans (a driver prepares a statement
+        # on its fifth use on a connection; PostgreSQL plans it afresh for five more), and the
+        # others sit idle until the pool or the server closes them. First in, first out spreads
+        # every statement over every pooled connection: a claim planned afresh each time.
+        options["pool_use_lifo"] = True
     if autocommit:
         if not provider.supports_autocommit:
             raise UnsupportedBackendError(f"{provider.name} has no autocommit engine")
