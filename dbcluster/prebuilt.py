@@ -69,21 +69,32 @@ class Prebuilt:
         names: tuple[str, ...],
         constants: dict[str, Any],
         processors: dict[str, Callable[[Any], Any]],
+        expansions: dict[str, tuple[str, ...]] | None = None,
     ) -> None:
         self.sql = sql
         self.names = names
         self.constants = constants
         self.processors = processors
+        #: Each IN list compiled for a fixed length: its parameter's name and the names its
+        #: values take, as SQLAlchemy expands it (``b_ids`` -> ``b_ids_1``, ``b_ids_2``...).
+        self.expansions = expansions or {}
         #: The row type of :meth:`one` on the driver's path, from the first row's description.
         self._row: type[_RowBase] | None = None
 
     @classmethod
-    def build(cls, statement: Any, dialect: Dialect) -> Prebuilt | None:
-        """``statement`` compiled for ``dialect``, or None where it cannot run prebuilt."""
+    def build(
+        cls, statement: Any, dialect: Dialect, expand: Mapping[str, int] | None = None
+    ) -> Prebuilt | None:
+        """``statement`` compiled for ``dialect``, or None where it cannot run prebuilt.
+        ``expand`` names each IN list SQLAlchemy would expand per execution and the length to
+        compile it for: the text SQLAlchemy sends for a list of that length (one prebuilt
+        statement per length; the server plans each as it plans SQLAlchemy's)."""
         if dialect.paramstyle not in _NAMED:
             return None
         compiled = statement.compile(dialect=dialect)
-        if compiled.positional or compiled.literal_execute_params or compiled.post_compile_params:
+        expand = dict(expand or {})
+        expanding = {bind.key for bind in compiled.post_compile_params}
+        if compiled.positional or compiled.literal_execute_params or expanding != set(expand):
             return None
         for column in getattr(statement, "selected_columns", ()):
             if column.type.dialect_impl(dialect).result_processor(dialect, None) is not None:
@@ -92,15 +103,25 @@ class Prebuilt:
         constants: dict[str, Any] = {}
         processors: dict[str, Callable[[Any], Any]] = {}
         for bind, name in compiled.bind_names.items():
-            if name not in names:
-                names.append(name)
-            if not bind.required:
-                constants[name] = bind.effective_value
             # Of the binds sharing a name, the last with a processor, as SQLAlchemy takes it.
             process = bind.type.dialect_impl(dialect).bind_processor(dialect)
             if process is not None:
                 processors[name] = process
-        return cls(compiled.string, tuple(names), constants, processors)
+            if name in expand:
+                continue
+            if name not in names:
+                names.append(name)
+            if not bind.required:
+                constants[name] = bind.effective_value
+        sql, expansions = compiled.string, {}
+        if expand:
+            stand_ins = {bind.key: None for bind in compiled.binds.values() if bind.required}
+            state = compiled.construct_expanded_state(
+                {**stand_ins, **{name: [0] * length for name, length in expand.items()}}
+            )
+            sql = state.statement
+            expansions = {name: tuple(state.parameter_expansion[name]) for name in expand}
+        return cls(sql, tuple(names), constants, processors, expansions)
 
     def execute(self, conn: Connection, params: Mapping[str, Any]) -> CursorResult[Any]:
         """Run it in ``conn``'s transaction with ``params`` (each bind parameter not bound to a
@@ -110,14 +131,27 @@ class Prebuilt:
     def one(self, conn: Connection, params: Mapping[str, Any]) -> Any:
         """Its one row (as :meth:`execute` then ``.one()``), read on the driver's cursor where
         nothing would see the difference (see the module)."""
-        values = self._values(params)
+        rows = self._rows(conn, self._values(params), 2)
+        if len(rows) != 1:
+            if not rows:
+                raise NoResultFound("No row was found when one was required")
+            raise MultipleResultsFound("Multiple rows were found when exactly one was required")
+        return rows[0]
+
+    def all(self, conn: Connection, params: Mapping[str, Any]) -> list[Any]:
+        """Its rows (as :meth:`execute` then ``.all()``), read as :meth:`one` reads."""
+        return self._rows(conn, self._values(params), None)
+
+    def _rows(self, conn: Connection, values: dict[str, Any], most: int | None) -> list[Any]:
+        """The statement's rows (up to ``most``): SQLAlchemy's, or off the driver's cursor."""
         if not _direct(conn):
-            return conn.exec_driver_sql(self.sql, values).one()
+            with conn.exec_driver_sql(self.sql, values) as result:
+                return list(result.fetchmany(most) if most is not None else result.all())
         cursor = None
         try:
             cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
             cursor.execute(self.sql, values)
-            rows = cursor.fetchmany(2)
+            rows = cursor.fetchmany(most) if most is not None else cursor.fetchall()
             row_type = self._row
             if row_type is None:
                 row_type = self._row = _row_type(tuple(d[0] for d in cursor.description))
@@ -129,11 +163,8 @@ class Prebuilt:
                 except Exception:  # noqa: BLE001, S110 - the statement's own error is raised
                     pass
             conn._handle_dbapi_exception(error, self.sql, values, cursor, None)
-        if len(rows) != 1:
-            if not rows:
-                raise NoResultFound("No row was found when one was required")
-            raise MultipleResultsFound("Multiple rows were found when exactly one was required")
-        return tuple.__new__(row_type, rows[0])
+        new = tuple.__new__
+        return [new(row_type, row) for row in rows]
 
     def _values(self, params: Mapping[str, Any]) -> dict[str, Any]:
         constants = self.constants
@@ -143,8 +174,20 @@ class Prebuilt:
             }
         except KeyError as missing:
             raise TypeError(f"a value is required for bind parameter {missing}") from None
-        for name, process in self.processors.items():
-            values[name] = process(values[name])
+        processors = self.processors
+        for name, expanded in self.expansions.items():
+            items = params[name]
+            if len(items) != len(expanded):
+                raise ValueError(
+                    f"{name} has {len(items)} values; this statement was built for {len(expanded)}"
+                )
+            process = processors.get(name)
+            values.update(
+                zip(expanded, items if process is None else map(process, items), strict=True)
+            )
+        for name, process in processors.items():
+            if name not in self.expansions:
+                values[name] = process(values[name])
         return values
 
 

@@ -45,6 +45,7 @@ from dbcluster.dialects.base import (
     array_parameters,
 )
 from dbcluster.inlists import in_batches
+from dbcluster.prebuilt import Prebuilt
 from dbcluster.schema import job_coordination, job_execution, partitions
 
 log = logging.getLogger(__name__)
@@ -437,6 +438,16 @@ class CoordinationStore:
                 bindparam("b_load"),
             ),
         )
+        # Compiled once for this many ids where it can be (see dbcluster.prebuilt): the text
+        # SQLAlchemy would send, without its per-execution compilation of the IN list.
+        prebuilt_claim = (
+            self.prepared(
+                ("claim and start, prebuilt", len(ids)),
+                lambda: Prebuilt.build(claim_and_start, self.engine.dialect, {"b_ids": len(ids)}),
+            )
+            if claim_and_start is not None and ids
+            else None
+        )
 
         touch = lambda: provider.touch_node(bindparam("b_node"), bindparam("b_load"))  # noqa: E731
 
@@ -464,7 +475,10 @@ class CoordinationStore:
             def claim_at_once(conn: Connection) -> list[ClaimedPartition]:
                 nonlocal tries
                 tries += 1
-                rows = conn.execute(claim_and_start, params).mappings().all()
+                if prebuilt_claim is not None:
+                    rows = [row._mapping for row in prebuilt_claim.all(conn, params)]
+                else:
+                    rows = conn.execute(claim_and_start, params).mappings().all()
                 if not rows:
                     raise removed()
                 won = self._claimed(row for row in rows if row["p_id"] is not None)

@@ -175,3 +175,41 @@ def test_a_failure_on_the_driver_is_handled_as_sqlalchemy_handles_it(
         conn.close()
     finally:
         event.remove(made, "handle_error", on_error)
+
+
+def test_an_in_list_built_for_a_length_sends_what_sqlalchemy_sends(
+    backend: Backend, made: Any
+) -> None:
+    """The text SQLAlchemy expands the list to for that length (so the server plans it as it
+    plans SQLAlchemy's), each value through the list's processor; another length is refused."""
+    from sqlalchemy import event
+
+    statement = (
+        select(table.c.id, table.c.name)
+        .where(table.c.id.in_(bindparam("b_ids", expanding=True)), table.c.kind == "fixed")
+        .order_by(table.c.id)
+    )
+    built = Prebuilt.build(statement, made.dialect, {"b_ids": 2})
+    if made.dialect.paramstyle not in ("pyformat", "named"):
+        assert built is None
+        return
+    assert built is not None
+    assert Prebuilt.build(statement, made.dialect) is None  # the list's length is needed
+    sent: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, sql: str, *_args: Any) -> None:
+        sent.append(sql)
+
+    with made.begin() as conn:
+        for i in (1, 2, 3):
+            conn.execute(INSERT, {"b_id": i, "b_name": f"n{i}", "b_flag": False})
+        ours = [tuple(row) for row in built.all(conn, {"b_ids": [1, 3]})]
+        event.listen(made, "before_cursor_execute", record)
+        try:
+            theirs = [tuple(row) for row in conn.execute(statement, {"b_ids": [1, 3]})]
+        finally:
+            event.remove(made, "before_cursor_execute", record)
+        with pytest.raises(ValueError, match="built for 2"):
+            built.all(conn, {"b_ids": [1]})
+    assert ours == theirs == [(1, "n1"), (3, "n3")]
+    assert sent == [built.sql]
