@@ -159,11 +159,8 @@ class JobLauncher:
     ) -> JobExecution:
         repository = self.repository
         instance = repository.get_job_instance(job.name, params, conn)
-        if instance is None:
-            # New: the insert holds its row until COMMIT, as the lock below would.
-            instance = repository.create_job_instance(job.name, params, conn)
-            executions: list[JobExecution] = []
-        else:
+        executions: list[JobExecution] = []
+        if instance is not None:
             repository.lock_job_instance(instance, conn)
             executions = repository.get_job_executions(instance, conn)
         running = [e for e in executions if e.status.is_running]
@@ -191,9 +188,16 @@ class JobLauncher:
                 )
         if check is not None:
             check(conn, executions)
-        execution = repository.create_job_execution(
-            instance, params, context, conn=conn, started=True
-        )
+        if instance is None:
+            # New: created with its execution; its insert holds the instance's row until
+            # COMMIT, as the lock above would (a concurrent creator's insert fails).
+            execution = repository.create_instance_and_execution(
+                job.name, params, context, conn, started=True
+            )
+        else:
+            execution = repository.create_job_execution(
+                instance, params, context, conn=conn, started=True
+            )
         execution.earlier = executions
         first = job.first_step() if not executions else None
         if first is not None:

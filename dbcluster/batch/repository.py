@@ -173,21 +173,48 @@ _NEW_EXECUTION_COLUMNS = ("version", "job_instance_id", *_NEW_EXECUTION_STATE)
 _PARAMETER_COLUMNS = ("parameter_name", "parameter_type", "parameter_value", "identifying")
 
 
-def _execution_with_children(provider: Any) -> Any | None:
+def _execution_with_children(provider: Any, new_instance: bool = False) -> Any | None:
     """A new job execution, its context and its parameters (as arrays) in one statement that
-    returns its id, where the database can (None: three)."""
+    returns its id, where the database can (None: three). With ``new_instance``, the statement
+    creates the execution's instance first (parameters ``i_name``, ``i_key``) and also returns
+    the instance's id."""
     if not provider.supports_array_insert:
         return None
-    return provider.insert_with_children(
-        insert(_JE).values(
-            {name: bindparam(name, type_=_JE.c[name].type) for name in _NEW_EXECUTION_COLUMNS}
-        ),
+    execution = insert(_JE).values(
+        {name: bindparam(name, type_=_JE.c[name].type) for name in _NEW_EXECUTION_COLUMNS}
+    )
+    instance = None
+    if new_instance:
+        instance = (
+            insert(_JI)
+            .values(version=0, job_name=bindparam("i_name"), job_key=bindparam("i_key"))
+            .returning(_JI.c.job_instance_id)
+            .cte("dbc_instance")
+        )
+        columns = [name for name in _NEW_EXECUTION_COLUMNS if name != "job_instance_id"]
+        execution = (
+            insert(_JE)
+            .from_select(
+                ["job_instance_id", *columns],
+                select(
+                    instance.c.job_instance_id,
+                    *(bindparam(name, type_=_JE.c[name].type) for name in columns),
+                ),
+            )
+            .returning(_JE.c.job_instance_id)
+        )
+    statement = provider.insert_with_children(
+        execution,
         _JE.c.job_execution_id,
         [
             (_JC, ("job_execution_id", *_CONTEXT_VALUE_COLUMNS), ()),
             (_JP, ("job_execution_id",), _PARAMETER_COLUMNS),
         ],
     )
+    if statement is None or instance is None:
+        return statement
+    made = statement.selected_columns[0].table  # the execution's row, as the statement made it
+    return statement.add_columns(made.c.job_instance_id)
 
 
 def _bulk_inserts(provider: Any) -> tuple[Any, Any] | None:
@@ -328,6 +355,8 @@ class JobRepository:
         #: A job execution with its context and parameters in one statement, returning its id
         #: (None: three).
         self._execution_with_children = _execution_with_children(provider)
+        #: The same with its new instance first (None: the instance's INSERT, then those).
+        self._instance_with_execution = _execution_with_children(provider, new_instance=True)
         #: Builds a step's final write with its fence's guard in one statement (None: apart).
         self._fold = provider.fold_guard if provider.supports_writable_cte else None
         self._folded: dict[tuple[Any, bool], Any] = {}
@@ -470,13 +499,43 @@ class JobRepository:
     ) -> JobExecution:
         """A new execution of the instance, STARTING; with ``started``, already STARTED (its
         start recorded in the creating transaction: ``start_recorded``)."""
+        return self._create_execution(job_instance, params, context, conn, started=started)
+
+    def create_instance_and_execution(
+        self,
+        job_name: str,
+        params: JobParameters,
+        context: ExecutionContext | None = None,
+        conn: Connection | None = None,
+        *,
+        started: bool = False,
+    ) -> JobExecution:
+        """A new instance of ``job_name`` for ``params`` and its first execution, as
+        :meth:`create_job_instance` then :meth:`create_job_execution` (one statement where the
+        database can: a first launch makes one round trip fewer). An instance created
+        meanwhile by another launcher is an ``IntegrityError``, as it is for the former."""
+        if self._instance_with_execution is None:
+            with self.transaction(conn) as c:
+                instance = self.create_job_instance(job_name, params, c)
+                return self._create_execution(instance, params, context, c, started=started)
+        return self._create_execution(job_name, params, context, conn, started=started)
+
+    def _create_execution(
+        self,
+        job_instance: JobInstance | str,
+        params: JobParameters,
+        context: ExecutionContext | None,
+        conn: Connection | None,
+        *,
+        started: bool,
+    ) -> JobExecution:
+        """``job_instance``: the instance, or the job's name when the statement creates it."""
         now = utcnow()
         context = context if context is not None else ExecutionContext()
         status = BatchStatus.STARTED if started else BatchStatus.STARTING
         exit_status = ExitStatus.EXECUTING if started else ExitStatus.UNKNOWN
-        values = {
+        values: dict[str, Any] = {
             "version": 0,
-            "job_instance_id": job_instance.id,
             "create_time": now,
             "start_time": now if started else None,
             "status": status.value,
@@ -484,6 +543,11 @@ class JobRepository:
             "exit_message": "",
             "last_updated": now,
         }
+        new_instance = isinstance(job_instance, str)
+        if isinstance(job_instance, str):
+            values.update(i_name=job_instance, i_key=params.job_key())
+        else:
+            values["job_instance_id"] = job_instance.id
         parameters = [
             {
                 "parameter_name": name,
@@ -495,19 +559,25 @@ class JobRepository:
         ]
         text = context.to_json()
         with self.transaction(conn) as c:
-            together = self._execution_with_children
+            together = (
+                self._instance_with_execution if new_instance else self._execution_with_children
+            )
             if together is not None:
-                new_id = int(
-                    c.execute(
-                        together,
-                        {
-                            **values,
-                            **_context_columns(text),
-                            **array_parameters(parameters, _PARAMETER_COLUMNS),
-                        },
-                    ).scalar_one()
-                )
+                row = c.execute(
+                    together,
+                    {
+                        **values,
+                        **_context_columns(text),
+                        **array_parameters(parameters, _PARAMETER_COLUMNS),
+                    },
+                ).one()
+                new_id = int(row[0])
+                if isinstance(job_instance, str):
+                    job_instance = JobInstance(
+                        id=int(row[1]), job_name=job_instance, job_key=values["i_key"], version=0
+                    )
             else:
+                assert isinstance(job_instance, JobInstance)
                 new_id = self._insert_id(c, _JE, _JE.c.job_execution_id, values)
                 if parameters:
                     c.execute(

@@ -379,6 +379,17 @@ def test_a_job_execution_its_context_and_parameters_are_one_insert_where_the_dat
     assert "unnest(%(a_parameter_name)s::TEXT[])" in sql
     assert "unnest(%(a_identifying)s::BOOLEAN[])" in sql
     assert sql.rstrip().endswith("SELECT dbc_parent.job_execution_id \nFROM dbc_parent")
+    # A first launch's: its new instance first, and both ids back.
+    first = _execution_with_children(provider_for_name("postgresql"), new_instance=True)
+    sql = str(first.compile(dialect=provider_for_name("postgresql").dialect))
+    assert sql.startswith("WITH dbc_instance AS \n(INSERT INTO batch_job_instance (")
+    assert "SELECT dbc_instance.job_instance_id AS job_instance_id," in sql
+    assert sql.rstrip().endswith(
+        "SELECT dbc_parent.job_execution_id, dbc_parent.job_instance_id \nFROM dbc_parent"
+    )
+    assert [
+        n for n in BUILTIN_NAMES if _execution_with_children(provider_for_name(n), True) is not None
+    ] == ["postgresql"]
 
 
 def test_a_final_write_carries_its_fence_in_one_statement_where_the_database_allows() -> None:
