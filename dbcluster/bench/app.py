@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import time
 
-from sqlalchemy import BigInteger, Column, Float, MetaData, String, Table, insert
+from sqlalchemy import BigInteger, Column, Double, MetaData, String, Table, insert
 
 from dbcluster.batch import (
     IntegerRangePartitioner,
@@ -71,7 +71,7 @@ started_rows = Table(
     drain_metadata,
     Column("step_execution_id", BigInteger, primary_key=True, autoincrement=False),
     Column("job_execution_id", BigInteger, nullable=False),
-    Column("started_at", Float, nullable=False),
+    Column("started_at", Double, nullable=False),  # time.time(): a double, not a FLOAT
 )
 _INSERT_STARTED = insert(started_rows)
 
