@@ -9,20 +9,23 @@ those bound to constants. It runs through ``Connection.exec_driver_sql``, so the
 transaction, its events (statement counters and test faults see it), SQLAlchemy's error wrapping
 and its handling of a lost connection stay as they are.
 
-Only a statement SQLAlchemy would send unchanged can be prebuilt: named parameters, no IN list
-expanded per execution, and result columns the driver already returns as Python values (no
+Only a statement SQLAlchemy would send unchanged can be prebuilt: named parameters, an IN list
+that SQLAlchemy expands per execution only when compiled for one length (``expand``), and result
+columns the driver already returns as Python values (no
 result processor on this dialect); :meth:`Prebuilt.build` answers None for any other, and the
 caller executes it as usual.
 
-**One row, straight from the driver.** :meth:`Prebuilt.one` reads a statement's single row on
-the driver's own cursor when nothing would see the difference: the connection is in a
-transaction, it does not echo, and no listener waits on its statements (``before_cursor_execute``,
+**Rows straight from the driver.** :meth:`Prebuilt.one` and :meth:`Prebuilt.all` read a
+statement's rows on the driver's own cursor when nothing would see the difference: the
+connection is in a transaction and valid, it does not echo, the dialect does not rename
+columns, and no listener waits on its statements (``before_cursor_execute``,
 ``after_cursor_execute``, or a dialect's ``do_execute``: statement counters and fault switches
 keep the usual path). SQLAlchemy's execution context and result (a result's metadata is built
 from the cursor's description on every execution of driver SQL) cost a partition's final write
 more than the database did. An error takes SQLAlchemy's own handling of a failed statement: the
 same wrapped exception, the connection invalidated when it was lost, ``handle_error`` listeners
-called.
+called. (An autocommit connection, as the claim's, is in no transaction: it takes the usual
+path, compiled once all the same.)
 """
 
 from __future__ import annotations
@@ -56,6 +59,9 @@ class _RowBase(tuple):  # type: ignore[type-arg]
 
 
 def _row_type(names: tuple[str, ...]) -> type[_RowBase]:
+    if len(set(names)) != len(names):
+        # SQLAlchemy would refuse to pick one of them; so does a prebuilt statement.
+        raise ValueError(f"a prebuilt statement returns ambiguous column names: {names}")
     base = namedtuple("PrebuiltRow", names, rename=True)  # type: ignore[misc]  # noqa: PYI024
     return type("PrebuiltRow", (base, _RowBase), {"__slots__": (), "_names": names})
 
@@ -147,9 +153,12 @@ class Prebuilt:
         if not _direct(conn):
             with conn.exec_driver_sql(self.sql, values) as result:
                 return list(result.fetchmany(most) if most is not None else result.all())
+        # Outside the try, as SQLAlchemy takes it: a connection that must be rolled back first
+        # raises its own error here, unwrapped.
+        dbapi_connection = conn.connection.dbapi_connection
         cursor = None
         try:
-            cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+            cursor = dbapi_connection.cursor()  # type: ignore[union-attr]
             cursor.execute(self.sql, values)
             rows = cursor.fetchmany(most) if most is not None else cursor.fetchall()
             row_type = self._row
@@ -196,7 +205,9 @@ def _direct(conn: Connection) -> bool:
     return (
         _HANDLES_FAILURES
         and conn.in_transaction()
+        and not conn.invalidated
         and not getattr(conn, "_echo", True)
+        and not conn.dialect.requires_name_normalize
         and not conn.dispatch.before_cursor_execute
         and not conn.dispatch.after_cursor_execute
         and not conn.dialect.dispatch.do_execute

@@ -165,11 +165,13 @@ class JobLauncher:
             executions = repository.get_job_executions(instance, conn)
         running = [e for e in executions if e.status.is_running]
         if running:
+            assert instance is not None  # executions are read only of an existing instance
             raise JobExecutionAlreadyRunningError(
                 f"job {job.name!r} instance {instance.id} already has execution "
                 f"{running[0].id} in status {running[0].status.value}"
             )
         if executions:
+            assert instance is not None
             last = executions[0]
             if last.status is BatchStatus.COMPLETED and not job.allow_start_if_complete:
                 raise JobInstanceAlreadyCompleteError(

@@ -186,7 +186,8 @@ class JobParameters(Mapping[str, ParameterValue]):
         return NotImplemented
 
     def __hash__(self) -> int:
-        return hash(tuple(self._params.items()))
+        # Equal parameters hash alike whatever their order (equality ignores it too).
+        return hash(frozenset(self._params.items()))
 
     def __repr__(self) -> str:
         return f"JobParameters({self.to_strings()!r})"

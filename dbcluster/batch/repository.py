@@ -125,6 +125,7 @@ _SELECT_EXECUTION_WITH_PARAMS = (
     .outerjoin(_JC, _JC.c.job_execution_id == _JE.c.job_execution_id)
     .outerjoin(_JP, _JP.c.job_execution_id == _JE.c.job_execution_id)
     .where(_JE.c.job_execution_id == bindparam("b_id"))
+    .order_by(_JP.c.parameter_name)  # as the executions' read orders them (the collation's)
 )
 _STEP_CONTEXT_VALUES = {
     "short_context": bindparam("b_short_context"),
@@ -635,7 +636,7 @@ class JobRepository:
             for m in (row._mapping for row in rows)
             if m["parameter_name"] is not None
         }
-        return _job_execution_from(rows[0]._mapping, dict(sorted(params.items())))
+        return _job_execution_from(rows[0]._mapping, params)
 
     @_retried_read
     def get_job_executions(

@@ -277,7 +277,8 @@ def make_engine(
     # _reset_when_needed): SQLAlchemy's own reset rolls back after every COMMIT, a round trip
     # with drivers that do not check first.
     options: dict[str, Any] = {"pool_reset_on_return": None, **provider.engine_options()}
-    if provider.network_backend and "poolclass" not in kwargs and "pool" not in kwargs:
+    chosen = {**options, **kwargs}
+    if provider.network_backend and "poolclass" not in chosen and "pool" not in chosen:
         # The connection used last goes out first: a few hot connections carry the work, with
         # their server-side prepared statements and cached plans (a driver prepares a statement
         # on its fifth use on a connection; PostgreSQL plans it afresh for five more), and the

@@ -51,3 +51,12 @@ def test_a_validator_checks_every_launch(launcher: JobLauncher) -> None:
     assert JobParameters.parse(["day(date)=2026-11-30"])["day"] == date(2026, 11, 30)
     with pytest.raises(JobParametersError, match="unknown job parameter type"):
         ParametersValidator(required={"x": list})
+
+
+def test_equal_parameters_hash_alike_in_any_order() -> None:
+    """Equality ignores the order parameters were read in (a database's collation orders
+    them), so the hash must too."""
+    one = JobParameters({"b": 1, "a": "x", "_z": 2})
+    other = JobParameters({"_z": 2, "a": "x", "b": 1})
+    assert one == other and hash(one) == hash(other)
+    assert len({one, other}) == 1

@@ -213,3 +213,31 @@ def test_an_in_list_built_for_a_length_sends_what_sqlalchemy_sends(
             built.all(conn, {"b_ids": [1]})
     assert ours == theirs == [(1, "n1"), (3, "n3")]
     assert sent == [built.sql]
+
+
+def test_a_connection_to_roll_back_first_says_so_unwrapped(backend: Backend, made: Any) -> None:
+    """As SQLAlchemy's own execution says it: the error that asks for the rollback, not a
+    statement error wrapping it."""
+    from sqlalchemy import text
+    from sqlalchemy.exc import DBAPIError, PendingRollbackError
+
+    built = _prebuilt(backend, RETURNING)
+    postgresql = made.dialect.name == "postgresql"
+    conn = made.connect()
+    try:
+        pid = conn.exec_driver_sql(
+            "SELECT pg_backend_pid()" if postgresql else "SELECT CONNECTION_ID()"
+        ).scalar_one()
+        conn.rollback()
+        with made.connect() as killer:
+            killer.execute(
+                text("SELECT pg_terminate_backend(:pid)" if postgresql else "KILL :pid"),
+                {"pid": pid},
+            )
+        conn.begin()
+        with pytest.raises(DBAPIError):
+            conn.exec_driver_sql("SELECT 1")
+        with pytest.raises(PendingRollbackError):
+            built.one(conn, {"b_id": 1, "b_name": "x"})
+    finally:
+        conn.close()
