@@ -107,6 +107,7 @@ _INSERT_STEPS_RETURNING_IN_ORDER = insert(_SE).returning(
 _SELECT_INSTANCE = select(_JI).where(
     _JI.c.job_name == bindparam("b_name"), _JI.c.job_key == bindparam("b_key")
 )
+_PARAMETER_COLUMNS = ("parameter_name", "parameter_type", "parameter_value", "identifying")
 #: What a job execution is read with: its instance's columns and its context.
 _EXECUTION_COLUMNS = (
     _JE,
@@ -116,11 +117,10 @@ _EXECUTION_COLUMNS = (
     _JC.c.short_context,
     _JC.c.serialized_context,
 )
-_PARAMETER_READ = (_JP.c.parameter_name, _JP.c.parameter_type, _JP.c.parameter_value)
 #: One job execution by id with its parameters, a row per parameter (one with NULLs for none):
 #: a worker reads each new job's execution on the way to its first partition's body.
 _SELECT_EXECUTION_WITH_PARAMS = (
-    select(*_EXECUTION_COLUMNS, *_PARAMETER_READ, _JP.c.identifying)
+    select(*_EXECUTION_COLUMNS, *(_JP.c[name] for name in _PARAMETER_COLUMNS))
     .join(_JI, _JI.c.job_instance_id == _JE.c.job_instance_id)
     .outerjoin(_JC, _JC.c.job_execution_id == _JE.c.job_execution_id)
     .outerjoin(_JP, _JP.c.job_execution_id == _JE.c.job_execution_id)
@@ -171,7 +171,6 @@ _NEW_CONTEXT_COLUMNS = ("step_execution_id", "short_context", "serialized_contex
 _CONTEXT_VALUE_COLUMNS = _NEW_CONTEXT_COLUMNS[1:]
 #: The columns ``create_job_execution`` sets.
 _NEW_EXECUTION_COLUMNS = ("version", "job_instance_id", *_NEW_EXECUTION_STATE)
-_PARAMETER_COLUMNS = ("parameter_name", "parameter_type", "parameter_value", "identifying")
 
 
 def _execution_with_children(provider: Any, new_instance: bool = False) -> Any | None:
@@ -181,11 +180,12 @@ def _execution_with_children(provider: Any, new_instance: bool = False) -> Any |
     the instance's id."""
     if not provider.supports_array_insert:
         return None
-    execution = insert(_JE).values(
-        {name: bindparam(name, type_=_JE.c[name].type) for name in _NEW_EXECUTION_COLUMNS}
-    )
     instance = None
-    if new_instance:
+    if not new_instance:
+        execution = insert(_JE).values(
+            {name: bindparam(name, type_=_JE.c[name].type) for name in _NEW_EXECUTION_COLUMNS}
+        )
+    else:
         instance = (
             insert(_JI)
             .values(version=0, job_name=bindparam("i_name"), job_key=bindparam("i_key"))
@@ -544,11 +544,12 @@ class JobRepository:
             "exit_message": "",
             "last_updated": now,
         }
-        new_instance = isinstance(job_instance, str)
         if isinstance(job_instance, str):
             values.update(i_name=job_instance, i_key=params.job_key())
+            together = self._instance_with_execution
         else:
             values["job_instance_id"] = job_instance.id
+            together = self._execution_with_children
         parameters = [
             {
                 "parameter_name": name,
@@ -560,9 +561,6 @@ class JobRepository:
         ]
         text = context.to_json()
         with self.transaction(conn) as c:
-            together = (
-                self._instance_with_execution if new_instance else self._execution_with_children
-            )
             if together is not None:
                 row = c.execute(
                     together,
