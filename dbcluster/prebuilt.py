@@ -24,8 +24,11 @@ keep the usual path). SQLAlchemy's execution context and result (a result's meta
 from the cursor's description on every execution of driver SQL) cost a partition's final write
 more than the database did. An error takes SQLAlchemy's own handling of a failed statement: the
 same wrapped exception, the connection invalidated when it was lost, ``handle_error`` listeners
-called. (An autocommit connection, as the claim's, is in no transaction: it takes the usual
-path, compiled once all the same.)
+called. An autocommit connection (the claim's, the coordination reads') in no transaction takes
+the driver's path too, where SQLAlchemy can tell it is one without a round trip and nothing
+listens to the transaction SQLAlchemy would begin around the statement (no ``begin``, ``commit``
+or ``rollback`` listener): the driver commits the statement on its own, as it would under
+SQLAlchemy, and no transaction is left open for SQLAlchemy to end.
 """
 
 from __future__ import annotations
@@ -42,6 +45,9 @@ _NAMED = ("pyformat", "named")
 #: SQLAlchemy's handling of a failed statement (2.0 and 2.1); without it, every statement takes
 #: the usual path.
 _HANDLES_FAILURES = callable(getattr(Connection, "_handle_dbapi_exception", None))
+#: SQLAlchemy's test of a connection in autocommit mode without a round trip (2.0 and 2.1);
+#: without it, an autocommit connection takes the usual path.
+_TELLS_AUTOCOMMIT = callable(getattr(Connection, "_is_autocommit_isolation", None))
 
 
 class _RowBase(tuple):  # type: ignore[type-arg]
@@ -204,11 +210,24 @@ def _direct(conn: Connection) -> bool:
     """Whether a statement may run on ``conn``'s driver cursor unseen (see the module)."""
     return (
         _HANDLES_FAILURES
-        and conn.in_transaction()
+        and (conn.in_transaction() or _autocommit_unseen(conn))
         and not conn.invalidated
         and not getattr(conn, "_echo", True)
         and not conn.dialect.requires_name_normalize
         and not conn.dispatch.before_cursor_execute
         and not conn.dispatch.after_cursor_execute
         and not conn.dialect.dispatch.do_execute
+    )
+
+
+def _autocommit_unseen(conn: Connection) -> bool:
+    """Whether ``conn`` commits each statement on its own and nothing listens to the transaction
+    SQLAlchemy would begin (and end) around one: its statements then need no transaction."""
+    dispatch = conn.dispatch
+    return (
+        _TELLS_AUTOCOMMIT
+        and not dispatch.begin
+        and not dispatch.commit
+        and not dispatch.rollback
+        and conn._is_autocommit_isolation()
     )

@@ -109,13 +109,13 @@ print(json.dumps([row.v, row._mapping["next id"]]))
 """
 
 
-def _direct_in_a_process_of_its_own(backend: Backend) -> Any:
+def _direct_in_a_process_of_its_own(backend: Backend, check: str = _DIRECT_CHECK) -> Any:
     import json
     import subprocess
     import sys
 
     done = subprocess.run(
-        [sys.executable, "-c", _DIRECT_CHECK, backend.url],
+        [sys.executable, "-c", check, backend.url],
         capture_output=True,
         text=True,
         timeout=60,
@@ -276,3 +276,68 @@ def test_a_connection_to_roll_back_first_says_so_unwrapped(backend: Backend, mad
             built.one(conn, {"b_id": 1, "b_name": "x"})
     finally:
         conn.close()
+
+
+_AUTOCOMMIT_CHECK = """
+import json, sys
+from sqlalchemy import MetaData, Table, Column, Integer, bindparam, insert, select, text
+from dbcluster.dialects import make_engine
+from dbcluster.prebuilt import Prebuilt
+
+engine = make_engine(sys.argv[1], autocommit=True)
+table = Table("dbc_test_prebuilt", MetaData(), Column("id", Integer), Column("name", Integer))
+statement = insert(table).values(id=bindparam("b_id")).returning(table.c.id)
+built = Prebuilt.build(statement, engine.dialect)
+with engine.connect() as conn:
+    row = built.one(conn, {"b_id": 41})
+    left_open = conn.in_transaction()
+assert built._row is not None, "the row did not come off the driver's cursor"
+with make_engine(sys.argv[1]).connect() as other:  # committed on its own
+    seen = other.execute(select(table.c.id).where(table.c.id == 41)).scalar_one_or_none()
+print(json.dumps([row.id, left_open, seen]))
+"""
+
+
+def test_an_autocommit_connection_reads_on_the_driver_and_commits_on_its_own(
+    backend: Backend, made: Any
+) -> None:
+    """Outside a transaction on an autocommit engine (the claim's), the row comes off the
+    driver's cursor too, the statement is committed when it returns, and SQLAlchemy is left with
+    no transaction to end (checked in a process of its own, as the in-transaction path is)."""
+    _prebuilt(backend, RETURNING)  # skips where never prebuilt
+    assert _direct_in_a_process_of_its_own(backend, _AUTOCOMMIT_CHECK) == [41, False, 41]
+
+
+def test_an_autocommit_connection_that_something_listens_to_goes_through_sqlalchemy(
+    backend: Backend, made: Any
+) -> None:
+    """A listener of the transaction SQLAlchemy begins around an autocommit statement sees it;
+    without one, a failure is the same wrapped error and the connection stays usable."""
+    from sqlalchemy import event
+    from sqlalchemy.exc import IntegrityError
+
+    from dbcluster.dialects import make_engine
+
+    built = _prebuilt(backend, RETURNING)
+    engine = make_engine(backend.url, autocommit=True)
+    begun: list[Any] = []
+
+    def began(conn: Any) -> None:
+        begun.append(conn)
+
+    try:
+        event.listen(engine, "begin", began)
+        try:
+            with engine.connect() as conn:
+                row = built.one(conn, {"b_id": 1, "b_name": "x"})
+        finally:
+            event.remove(engine, "begin", began)
+        assert row.id == 1 and len(begun) == 1 and built._row is None
+        with engine.connect() as conn:
+            with pytest.raises(IntegrityError):
+                built.one(conn, {"b_id": 1, "b_name": "x"})
+            assert built.one(conn, {"b_id": 2, "b_name": "y"}).id == 2
+        with made.connect() as conn:
+            assert conn.execute(select(table.c.id).order_by(table.c.id)).scalars().all() == [1, 2]
+    finally:
+        engine.dispose()
