@@ -10,7 +10,7 @@ from sqlalchemy import Connection
 from sqlalchemy.exc import IntegrityError
 
 from dbcluster.batch.context import ExecutionContext
-from dbcluster.batch.domain import JobExecution
+from dbcluster.batch.domain import JobExecution, JobInstance
 from dbcluster.batch.exceptions import (
     JobExecutionAlreadyRunningError,
     JobInstanceAlreadyCompleteError,
@@ -158,20 +158,59 @@ class JobLauncher:
         check: Callable[[Connection, list[JobExecution]], None] | None,
     ) -> JobExecution:
         repository = self.repository
-        instance = repository.get_job_instance(job.name, params, conn)
+        execution: JobExecution | None = None
+        instance: JobInstance | None = None
         executions: list[JobExecution] = []
-        if instance is not None:
-            repository.lock_job_instance(instance, conn)
-            executions = repository.get_job_executions(instance, conn)
+        if repository.creates_instance_if_absent:
+            # A first launch (the usual one) creates its instance and execution in one
+            # statement without reading first; where the instance exists it writes nothing
+            # (having waited for one another launcher was committing), and the launch reads it.
+            execution = repository.create_instance_if_absent(
+                job.name, params, context, conn, started=True
+            )
+        if execution is None:
+            instance = repository.get_job_instance(job.name, params, conn)
+            if instance is not None:
+                repository.lock_job_instance(instance, conn)
+                executions = repository.get_job_executions(instance, conn)
+                self._may_run_again(job, instance, executions)
+        if check is not None:
+            check(conn, executions)
+        if execution is None and instance is None:
+            # New: created with its execution; its insert holds the instance's row until
+            # COMMIT, as the lock above would (a concurrent creator's insert fails).
+            execution = repository.create_instance_and_execution(
+                job.name, params, context, conn, started=True
+            )
+        elif execution is None:
+            assert instance is not None
+            execution = repository.create_job_execution(
+                instance, params, context, conn=conn, started=True
+            )
+        execution.earlier = executions
+        first = job.first_step() if not executions else None
+        if first is not None:
+            # A first launch starts with this step: create its execution now, STARTED, rather
+            # than in a transaction of its own.
+            execution.prepared_steps[first.name] = repository.create_step_execution(
+                execution, first.name, None, conn, started=True
+            )
+        if on_created is not None:
+            on_created(conn, execution)
+        return execution
+
+    @staticmethod
+    def _may_run_again(job: Job, instance: JobInstance, executions: list[JobExecution]) -> None:
+        """Refuse a new execution of an existing instance that its executions (newest first)
+        forbid: one still running, a COMPLETED one, a non-restartable job that ran, the start
+        limit reached."""
         running = [e for e in executions if e.status.is_running]
         if running:
-            assert instance is not None  # executions are read only of an existing instance
             raise JobExecutionAlreadyRunningError(
                 f"job {job.name!r} instance {instance.id} already has execution "
                 f"{running[0].id} in status {running[0].status.value}"
             )
         if executions:
-            assert instance is not None
             last = executions[0]
             if last.status is BatchStatus.COMPLETED and not job.allow_start_if_complete:
                 raise JobInstanceAlreadyCompleteError(
@@ -188,26 +227,3 @@ class JobLauncher:
                     f"job {job.name!r} instance {instance.id} has been started "
                     f"{len(executions)} times; its start_limit is {job.start_limit}"
                 )
-        if check is not None:
-            check(conn, executions)
-        if instance is None:
-            # New: created with its execution; its insert holds the instance's row until
-            # COMMIT, as the lock above would (a concurrent creator's insert fails).
-            execution = repository.create_instance_and_execution(
-                job.name, params, context, conn, started=True
-            )
-        else:
-            execution = repository.create_job_execution(
-                instance, params, context, conn=conn, started=True
-            )
-        execution.earlier = executions
-        first = job.first_step() if not executions else None
-        if first is not None:
-            # A first launch starts with this step: create its execution now, STARTED, rather
-            # than in a transaction of its own.
-            execution.prepared_steps[first.name] = repository.create_step_execution(
-                execution, first.name, None, conn, started=True
-            )
-        if on_created is not None:
-            on_created(conn, execution)
-        return execution

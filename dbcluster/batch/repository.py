@@ -173,22 +173,31 @@ _CONTEXT_VALUE_COLUMNS = _NEW_CONTEXT_COLUMNS[1:]
 _NEW_EXECUTION_COLUMNS = ("version", "job_instance_id", *_NEW_EXECUTION_STATE)
 
 
-def _execution_with_children(provider: Any, new_instance: bool = False) -> Any | None:
+def _execution_with_children(
+    provider: Any, new_instance: bool = False, if_absent: bool = False
+) -> Any | None:
     """A new job execution, its context and its parameters (as arrays) in one statement that
     returns its id, where the database can (None: three). With ``new_instance``, the statement
     creates the execution's instance first (parameters ``i_name``, ``i_key``) and also returns
-    the instance's id."""
+    the instance's id; with ``if_absent`` too, it writes nothing and returns no row where that
+    instance exists (None where the database cannot say so in the statement)."""
     if not provider.supports_array_insert:
         return None
     instance = None
+    new_instance_row = insert(_JI)
+    if if_absent:
+        new_instance_row = provider.insert_unless_present(_JI, ("job_name", "job_key"))
+        if new_instance_row is None:
+            return None
     if not new_instance:
         execution = insert(_JE).values(
             {name: bindparam(name, type_=_JE.c[name].type) for name in _NEW_EXECUTION_COLUMNS}
         )
     else:
         instance = (
-            insert(_JI)
-            .values(version=0, job_name=bindparam("i_name"), job_key=bindparam("i_key"))
+            new_instance_row.values(
+                version=0, job_name=bindparam("i_name"), job_key=bindparam("i_key")
+            )
             .returning(_JI.c.job_instance_id)
             .cte("dbc_instance")
         )
@@ -268,6 +277,18 @@ def _context_columns(context: ExecutionContext | str) -> dict[str, str | None]:
         "short_context": text[: schema.SHORT_CONTEXT_LENGTH - 3] + "...",
         "serialized_context": text,
     }
+
+
+class _Prefixed:
+    """A row's columns whose names carry a prefix, read by their names without it."""
+
+    __slots__ = ("_row", "_prefix")
+
+    def __init__(self, row: Any, prefix: str) -> None:
+        self._row, self._prefix = row, prefix
+
+    def __getitem__(self, name: str) -> Any:
+        return self._row[self._prefix + name]
 
 
 def _parameter(m: Any) -> JobParameter:
@@ -358,6 +379,10 @@ class JobRepository:
         self._execution_with_children = _execution_with_children(provider)
         #: The same with its new instance first (None: the instance's INSERT, then those).
         self._instance_with_execution = _execution_with_children(provider, new_instance=True)
+        #: The same, writing nothing where the instance exists (None: read first).
+        self._instance_if_absent = _execution_with_children(
+            provider, new_instance=True, if_absent=True
+        )
         #: Builds a step's final write with its fence's guard in one statement (None: apart).
         self._fold = provider.fold_guard if provider.supports_writable_cte else None
         self._folded: dict[tuple[Any, bool], Any] = {}
@@ -500,7 +525,9 @@ class JobRepository:
     ) -> JobExecution:
         """A new execution of the instance, STARTING; with ``started``, already STARTED (its
         start recorded in the creating transaction: ``start_recorded``)."""
-        return self._create_execution(job_instance, params, context, conn, started=started)
+        made = self._create_execution(job_instance, params, context, conn, started=started)
+        assert made is not None  # made without if_absent
+        return made
 
     def create_instance_and_execution(
         self,
@@ -518,8 +545,32 @@ class JobRepository:
         if self._instance_with_execution is None:
             with self.transaction(conn) as c:
                 instance = self.create_job_instance(job_name, params, c)
-                return self._create_execution(instance, params, context, c, started=started)
-        return self._create_execution(job_name, params, context, conn, started=started)
+                return self.create_job_execution(instance, params, context, c, started=started)
+        made = self._create_execution(job_name, params, context, conn, started=started)
+        assert made is not None  # made without if_absent
+        return made
+
+    @property
+    def creates_instance_if_absent(self) -> bool:
+        """Whether :meth:`create_instance_if_absent` can be asked (one statement, no read first)."""
+        return self._instance_if_absent is not None
+
+    def create_instance_if_absent(
+        self,
+        job_name: str,
+        params: JobParameters,
+        context: ExecutionContext | None,
+        conn: Connection,
+        *,
+        started: bool = False,
+    ) -> JobExecution | None:
+        """As :meth:`create_instance_and_execution` in one statement, without reading first
+        whether the instance exists: None, having written nothing, where it exists (one that
+        another launcher is committing meanwhile is waited for, and counts once committed). Only
+        where :attr:`creates_instance_if_absent`."""
+        return self._create_execution(
+            job_name, params, context, conn, started=started, if_absent=True
+        )
 
     def _create_execution(
         self,
@@ -529,8 +580,10 @@ class JobRepository:
         conn: Connection | None,
         *,
         started: bool,
-    ) -> JobExecution:
-        """``job_instance``: the instance, or the job's name when the statement creates it."""
+        if_absent: bool = False,
+    ) -> JobExecution | None:
+        """``job_instance``: the instance, or the job's name when the statement creates it
+        (``if_absent``: None, nothing written, where that instance exists)."""
         now = utcnow()
         context = context if context is not None else ExecutionContext()
         status = BatchStatus.STARTED if started else BatchStatus.STARTING
@@ -546,7 +599,7 @@ class JobRepository:
         }
         if isinstance(job_instance, str):
             values.update(i_name=job_instance, i_key=params.job_key())
-            together = self._instance_with_execution
+            together = self._instance_if_absent if if_absent else self._instance_with_execution
         else:
             values["job_instance_id"] = job_instance.id
             together = self._execution_with_children
@@ -569,7 +622,11 @@ class JobRepository:
                         **_context_columns(text),
                         **array_parameters(parameters, _PARAMETER_COLUMNS),
                     },
-                ).one()
+                ).first()
+                if row is None:
+                    if if_absent:
+                        return None
+                    raise AssertionError("a new execution's statement returned no row")
                 new_id = int(row[0])
                 if isinstance(job_instance, str):
                     job_instance = JobInstance(
@@ -1108,6 +1165,23 @@ class JobRepository:
         )
         with self._read(conn) as c:
             return int(c.execute(stmt).scalar_one())
+
+    @staticmethod
+    def job_execution_from_row(row: Any, prefix: str) -> JobExecution | None:
+        """A job execution from a row holding its columns, each under ``prefix`` + the name its
+        read gives it, and its parameters as one array per parameter column in name order (a
+        claim reads them with the partitions it won, where the database can); None where the
+        row holds none."""
+        if row.get(prefix + "job_execution_id") is None:
+            return None
+        params: dict[str, JobParameter] = {}
+        if row[prefix + "parameter_name"] is not None:  # no parameters: NULL arrays
+            arrays = [row[prefix + column] for column in _PARAMETER_COLUMNS]
+            for name, kind, value, identifying in zip(*arrays, strict=True):
+                params[name] = _parameter(
+                    {"parameter_type": kind, "parameter_value": value, "identifying": identifying}
+                )
+        return _job_execution_from(_Prefixed(row, prefix), params)
 
     @staticmethod
     def step_execution_from_row(row: Any, job_execution: JobExecution) -> StepExecution:

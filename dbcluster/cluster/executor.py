@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dbcluster.batch.domain import JobExecution, StepExecution, utcnow
 from dbcluster.batch.fence import FencedError
@@ -37,7 +37,7 @@ from dbcluster.batch.transactions import UnclearCommitError
 from dbcluster.cluster.fencing import RELEASED, RETRIED, PartitionFence
 from dbcluster.cluster.identity import Identity
 from dbcluster.cluster.store import ClaimedPartition, PendingPartition
-from dbcluster.dialects.base import PARTITION_COMPLETED
+from dbcluster.dialects.base import CLAIMED_JOB_PREFIX, PARTITION_COMPLETED
 
 if TYPE_CHECKING:
     from dbcluster.cluster.node import Node
@@ -136,14 +136,19 @@ class Executor:
             self._tasks[p.step_execution_id] = task
         return task
 
-    def _job_execution(self, job_execution_id: int) -> JobExecution | None:
+    def _job_execution(self, job_execution_id: int, claimed: Any = None) -> JobExecution | None:
         """Job executions are read once per node and shared by their partitions (a worker step
-        reads its parameters and job context, which do not change while it runs)."""
+        reads its parameters and job context, which do not change while it runs); from the row
+        ``claimed`` where the claim read the job back with the partition, else by a read."""
         with self._lock:
             cached = self._jobs.get(job_execution_id)
         if cached is not None:
             return cached
-        loaded = self.repository.get_job_execution(job_execution_id)
+        loaded = None
+        if claimed is not None:
+            loaded = self.repository.job_execution_from_row(claimed, CLAIMED_JOB_PREFIX)
+        if loaded is None:
+            loaded = self.repository.get_job_execution(job_execution_id)
         if loaded is not None:
             with self._lock:
                 if len(self._jobs) >= _JOB_CACHE:
@@ -153,7 +158,7 @@ class Executor:
 
     def _step_execution(self, won: ClaimedPartition) -> StepExecution | None:
         try:
-            job_execution = self._job_execution(won.partition.job_execution_id)
+            job_execution = self._job_execution(won.partition.job_execution_id, won.row)
             if job_execution is None:
                 return None
             se = self.repository.step_execution_from_row(won.row, job_execution)

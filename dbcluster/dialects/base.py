@@ -62,6 +62,10 @@ NODE_UNREACHABLE = "UNREACHABLE"
 #: Only ever inside a sweeper's removal transaction (never committed): marks the rows it deletes.
 NODE_REMOVING = "REMOVING"
 
+#: The prefix of the job execution's columns a claim reads back where it can (see
+#: ``QueryProvider._claimed_job``).
+CLAIMED_JOB_PREFIX = "j_"
+
 PARTITION_PENDING = "PENDING"
 PARTITION_CLAIMED = "CLAIMED"
 PARTITION_COMPLETED = "COMPLETED"
@@ -438,6 +442,15 @@ class QueryProvider:
         return select(
             one.c.guarded, one.c.written, *self._claimed_columns(claimed, started, jc, sc)
         ).select_from(one.outerjoin(won, true()))
+
+    def insert_unless_present(self, table: Table, key: Sequence[str]) -> Insert | None:
+        """An INSERT into ``table`` (values to be given) that inserts nothing, without an error
+        and without ending the transaction, where a row with the same ``key`` columns (a unique
+        key) exists or is being committed (it waits for that one's outcome, as a plain INSERT's
+        unique check does), usable as a CTE. A first launch then creates its instance without
+        reading first whether it exists. None: the database has no such statement (the caller
+        reads first)."""
+        return None
 
     def insert_child_row(
         self, parent: Insert, parent_key: Any, child: Table, child_columns: Sequence[str]
@@ -1150,11 +1163,24 @@ class QueryProvider:
         # A join tree, not a subquery: the columns are named once, which keeps the statement
         # short enough for the driver to cache its parsing (psycopg: 4,096 characters).
         won = self._won(claimed, started)
+        job_columns, won = self._claimed_job(claimed, won)
         return (
-            select(touched.c.node_id.label("dbc_node"), *self._claimed_columns(claimed, started))
+            select(
+                touched.c.node_id.label("dbc_node"),
+                *self._claimed_columns(claimed, started),
+                *job_columns,
+            )
             .select_from(touched.outerjoin(won, true()))
             .order_by(claimed.c.step_execution_id)
         )
+
+    def _claimed_job(self, claimed: Any, won: Any) -> tuple[list[Any], Any]:
+        """Where the database can aggregate the parameters into one row: the columns of the job
+        execution each claimed partition belongs to (named ``CLAIMED_JOB_PREFIX`` + the name a
+        job execution's read gives them; its parameters as arrays in name order, one per
+        parameter column), and ``won`` joined to what they come from. A worker's first partition
+        of a job then needs no read of its job. Here: none (the worker reads the job)."""
+        return [], won
 
     def _claimed_cte(self, node_id: Any, locked: Any, name: str, table: Any = partitions) -> Any:
         """A claim's update of the partitions ``locked`` (a CTE of their ids) locked, by key

@@ -1,0 +1,134 @@
+"""A claim reads back the job execution of each partition it won, with its parameters, where the
+database can aggregate them into the partition's row (PostgreSQL): a worker's first partition of
+a job then starts without a read of its job. What it reads back is what the job's read gives."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dbcluster.batch.context import ExecutionContext
+from dbcluster.batch.domain import JobExecution, utcnow
+from dbcluster.batch.parameters import JobParameters
+from dbcluster.batch.repository import JobRepository
+from dbcluster.dialects.base import CLAIMED_JOB_PREFIX
+from dbcluster.testing.app import FAST_SETTINGS
+from dbcluster.testing.backends import Backend
+from dbcluster.testing.suite.test_provider import _register, _store
+
+NODE = "claimed-job-node"
+
+
+def _placed(engine: Any, store: Any, params: JobParameters, context: dict[str, Any]) -> int:
+    """A job execution with ``params`` and a job context, and two partitions placed on NODE."""
+    repository, provider = JobRepository(engine), store.provider
+    execution = repository.create_instance_and_execution(
+        "claimed-job", params, ExecutionContext(context)
+    )
+    master = repository.create_step_execution(execution, "claimed.master")
+    workers = [
+        repository.create_step_execution(execution, f"claimed.worker:p{i}") for i in range(2)
+    ]
+    with engine.begin() as conn:
+        conn.execute(
+            provider.insert_coordination(execution.id, NODE, "STARTED", master.id, "claimed.worker")
+        )
+        conn.execute(
+            provider.insert_partitions(),
+            [
+                {
+                    "step_execution_id": w.id,
+                    "job_execution_id": execution.id,
+                    "master_step_execution_id": master.id,
+                    "partition_name": f"p{i}",
+                    "assigned_node": NODE,
+                    "transferable": True,
+                }
+                for i, w in enumerate(workers)
+            ],
+        )
+    return [w.id for w in workers]  # type: ignore[return-value]
+
+
+def _same(built: JobExecution, read: JobExecution) -> None:
+    assert built.id == read.id
+    assert built.job_instance == read.job_instance
+    assert built.parameters == read.parameters
+    assert list(built.parameters.parameters()) == list(read.parameters.parameters())
+    assert {n: (p.value, p.identifying) for n, p in built.parameters.parameters().items()} == {
+        n: (p.value, p.identifying) for n, p in read.parameters.parameters().items()
+    }
+    assert (built.status, built.exit_status, built.version) == (
+        read.status,
+        read.exit_status,
+        read.version,
+    )
+    assert (built.create_time, built.start_time, built.end_time, built.last_updated) == (
+        read.create_time,
+        read.start_time,
+        read.end_time,
+        read.last_updated,
+    )
+    assert built.execution_context.to_dict() == read.execution_context.to_dict()
+
+
+def test_a_claim_reads_back_the_job_as_its_read_gives_it(backend: Backend) -> None:
+    """Parameters of every type (one not identifying, names out of order), a job context; and a
+    job of no parameters. Where the claim cannot read the job back, the row says nothing."""
+    engine = backend.engine
+    store = _store(engine, backend.provider)
+    _register(engine, backend.provider, NODE)
+    repository = JobRepository(engine)
+    cases = [
+        (
+            JobParameters.parse(
+                [
+                    "zeta=last",
+                    "run.date(date)=2024-02-29",
+                    "at(datetime)=2024-02-29T13:14:15",
+                    "count(int)=5",
+                    "ratio(float)=0.25",
+                    "flag(bool)=true",
+                    "-attempt(int)=2",
+                ]
+            ),
+            {"shared": {"a": [1, 2]}, "name": "x"},
+        ),
+        (JobParameters({}), {}),
+    ]
+    for params, context in cases:
+        ids = _placed(engine, store, params, context)
+        won = store.claim(NODE, 0, ids, utcnow())
+        assert sorted(w.partition.step_execution_id for w in won) == sorted(ids)
+        read = repository.get_job_execution(won[0].partition.job_execution_id)
+        assert read is not None
+        for claimed in won:
+            built = repository.job_execution_from_row(claimed.row, CLAIMED_JOB_PREFIX)
+            if backend.name != "postgresql":
+                assert built is None
+                continue
+            assert built is not None, "the claim did not read the job back"
+            _same(built, read)
+
+
+def test_a_workers_first_partition_of_a_job_reads_no_job(
+    backend: Backend, make_cluster: Any
+) -> None:
+    """On PostgreSQL the worker builds the job from its claim: no read of the job execution
+    happens on its node while the job runs; elsewhere it reads the job once."""
+    master = make_cluster(work=False, settings=FAST_SETTINGS)
+    worker = make_cluster(settings=FAST_SETTINGS)
+    repository = worker.node.repository
+    reads: list[int] = []
+    read = repository.get_job_execution
+
+    def reading(job_execution_id: int, *args: Any, **kwargs: Any) -> Any:
+        reads.append(job_execution_id)
+        return read(job_execution_id, *args, **kwargs)
+
+    repository.get_job_execution = reading  # type: ignore[method-assign]
+    execution = master.launch("ledger", {"run": 7})
+    assert execution.status.value == "COMPLETED", execution.exit_status
+    if backend.name == "postgresql":
+        assert reads == [], reads
+    else:
+        assert len(reads) == 1, reads
