@@ -162,11 +162,18 @@ class JobLauncher:
         instance: JobInstance | None = None
         executions: list[JobExecution] = []
         if repository.creates_instance_if_absent:
-            # A first launch (the usual one) creates its instance and execution in one
-            # statement without reading first; where the instance exists it writes nothing
-            # (having waited for one another launcher was committing), and the launch reads it.
+            # A first launch (the usual one) creates its instance, its execution and its first
+            # step's execution in one statement without reading first; where the instance
+            # exists it writes nothing (having waited for one another launcher was committing),
+            # and the launch reads it.
+            first = job.first_step()
             execution = repository.create_instance_if_absent(
-                job.name, params, context, conn, started=True
+                job.name,
+                params,
+                context,
+                conn,
+                started=True,
+                first_step=first.name if first is not None else None,
             )
         if execution is None:
             instance = repository.get_job_instance(job.name, params, conn)
@@ -189,7 +196,7 @@ class JobLauncher:
             )
         execution.earlier = executions
         first = job.first_step() if not executions else None
-        if first is not None:
+        if first is not None and first.name not in execution.prepared_steps:
             # A first launch starts with this step: create its execution now, STARTED, rather
             # than in a transaction of its own.
             execution.prepared_steps[first.name] = repository.create_step_execution(

@@ -227,6 +227,80 @@ def _execution_with_children(
     return statement.add_columns(made.c.job_instance_id)
 
 
+def _with_first_step(statement: Any | None) -> Any | None:
+    """``statement`` (a new execution's, its id its first column) also creating the execution's
+    first step execution and that step's context (each column bound as ``s_<column>``), the
+    step's id its last column; None for None. Where the statement writes no execution (its
+    instance exists) it writes no step either."""
+    if statement is None:
+        return None
+    made = statement.selected_columns[0].table  # the execution's row, as the statement made it
+    columns = [name for name in _NEW_STEP_COLUMNS if name != "job_execution_id"]
+    step = (
+        insert(_SE)
+        .from_select(
+            ["job_execution_id", *columns],
+            select(
+                made.c.job_execution_id,
+                *(bindparam(f"s_{name}", type_=_SE.c[name].type) for name in columns),
+            ),
+        )
+        .returning(_SE.c.step_execution_id)
+        .cte("dbc_step")
+    )
+    context = insert(_SC).from_select(
+        list(_NEW_CONTEXT_COLUMNS),
+        select(
+            step.c.step_execution_id,
+            *(bindparam(f"s_{name}", type_=_SC.c[name].type) for name in _CONTEXT_VALUE_COLUMNS),
+        ),
+    )
+    # One row or none, as the execution's: a scalar subquery, not a second FROM.
+    made_step = select(step.c.step_execution_id).scalar_subquery().label("first_step_id")
+    return statement.add_cte(context.cte("dbc_step_context")).add_columns(made_step)
+
+
+def _new_step_row(
+    name: str, job_execution_id: int | None, now: Any, started: bool
+) -> dict[str, Any]:
+    """The columns of a new step execution, STARTING (``started``: STARTED at ``now``)."""
+    return {
+        "version": 0,
+        "step_name": name,
+        "job_execution_id": job_execution_id,
+        "create_time": now,
+        "start_time": now if started else None,
+        "status": (BatchStatus.STARTED if started else BatchStatus.STARTING).value,
+        "exit_code": ExitStatus.EXECUTING.code,
+        "exit_message": "",
+        "last_updated": now,
+        **{counter: 0 for counter in COUNTER_NAMES},
+    }
+
+
+def _new_step(
+    step_id: int,
+    name: str,
+    job_execution: JobExecution,
+    context: ExecutionContext,
+    now: Any,
+    started: bool,
+) -> StepExecution:
+    """A step execution just created with :func:`_new_step_row`'s columns."""
+    return StepExecution(
+        id=step_id,
+        step_name=name,
+        job_execution=job_execution,
+        status=BatchStatus.STARTED if started else BatchStatus.STARTING,
+        create_time=now,
+        start_time=now if started else None,
+        last_updated=now,
+        execution_context=context,
+        start_recorded=started,
+        fresh=True,
+    )
+
+
 def _bulk_inserts(provider: Any) -> tuple[Any, Any] | None:
     """Step executions (returning their ids by name) and their contexts, each one statement
     of arrays for any number of rows, where the database can (None: executemany). Of the step
@@ -379,10 +453,12 @@ class JobRepository:
         self._execution_with_children = _execution_with_children(provider)
         #: The same with its new instance first (None: the instance's INSERT, then those).
         self._instance_with_execution = _execution_with_children(provider, new_instance=True)
-        #: The same, writing nothing where the instance exists (None: read first).
+        #: The same, writing nothing where the instance exists (None: read first); and that
+        #: with the execution's first step execution too.
         self._instance_if_absent = _execution_with_children(
             provider, new_instance=True, if_absent=True
         )
+        self._instance_if_absent_with_step = _with_first_step(self._instance_if_absent)
         #: Builds a step's final write with its fence's guard in one statement (None: apart).
         self._fold = provider.fold_guard if provider.supports_writable_cte else None
         self._folded: dict[tuple[Any, bool], Any] = {}
@@ -563,13 +639,16 @@ class JobRepository:
         conn: Connection,
         *,
         started: bool = False,
+        first_step: str | None = None,
     ) -> JobExecution | None:
         """As :meth:`create_instance_and_execution` in one statement, without reading first
         whether the instance exists: None, having written nothing, where it exists (one that
         another launcher is committing meanwhile is waited for, and counts once committed). Only
-        where :attr:`creates_instance_if_absent`."""
+        where :attr:`creates_instance_if_absent`. ``first_step``: the statement creates that
+        step's execution too (empty context; with ``started``, STARTED), as
+        :meth:`create_step_execution` would, left in the execution's ``prepared_steps``."""
         return self._create_execution(
-            job_name, params, context, conn, started=started, if_absent=True
+            job_name, params, context, conn, started=started, if_absent=True, first_step=first_step
         )
 
     def _create_execution(
@@ -581,9 +660,11 @@ class JobRepository:
         *,
         started: bool,
         if_absent: bool = False,
+        first_step: str | None = None,
     ) -> JobExecution | None:
         """``job_instance``: the instance, or the job's name when the statement creates it
-        (``if_absent``: None, nothing written, where that instance exists)."""
+        (``if_absent``: None, nothing written, where that instance exists; ``first_step``: and
+        that step's execution with it)."""
         now = utcnow()
         context = context if context is not None else ExecutionContext()
         status = BatchStatus.STARTED if started else BatchStatus.STARTING
@@ -613,6 +694,19 @@ class JobRepository:
             for name, p in params.parameters().items()
         ]
         text = context.to_json()
+        step_values: dict[str, Any] = {}
+        if first_step is not None:
+            assert if_absent, "a first step is created with an instance that did not exist"
+            together = self._instance_if_absent_with_step
+            step_context = ExecutionContext()
+            step_text = step_context.to_json()
+            step_values = {
+                f"s_{name}": value
+                for name, value in {
+                    **_new_step_row(first_step, None, now, started),
+                    **_context_columns(step_text),
+                }.items()
+            }
         with self.transaction(conn) as c:
             if together is not None:
                 row = c.execute(
@@ -621,6 +715,7 @@ class JobRepository:
                         **values,
                         **_context_columns(text),
                         **array_parameters(parameters, _PARAMETER_COLUMNS),
+                        **step_values,
                     },
                 ).first()
                 if row is None:
@@ -642,7 +737,7 @@ class JobRepository:
                     )
                 c.execute(_INSERT[_JC.name], {"job_execution_id": new_id, **_context_columns(text)})
         context.mark_saved(text)
-        return JobExecution(
+        execution = JobExecution(
             id=new_id,
             job_instance=job_instance,
             parameters=params,
@@ -654,6 +749,12 @@ class JobRepository:
             execution_context=context,
             start_recorded=started,
         )
+        if first_step is not None:
+            step_context.mark_saved(step_text)
+            execution.prepared_steps[first_step] = _new_step(
+                int(row[-1]), first_step, execution, step_context, now, started
+            )
+        return execution
 
     def update_job_execution(self, execution: JobExecution, conn: Connection | None = None) -> None:
         now = utcnow()
@@ -825,21 +926,7 @@ class JobRepository:
         if len(set(names)) != len(names):
             raise ValueError("step execution names created together must be unique")
         now = utcnow()
-        rows = [
-            {
-                "version": 0,
-                "step_name": name,
-                "job_execution_id": job_execution.id,
-                "create_time": now,
-                "start_time": now if started else None,
-                "status": (BatchStatus.STARTED if started else BatchStatus.STARTING).value,
-                "exit_code": ExitStatus.EXECUTING.code,
-                "exit_message": "",
-                "last_updated": now,
-                **{counter: 0 for counter in COUNTER_NAMES},
-            }
-            for name in names
-        ]
+        rows = [_new_step_row(name, job_execution.id, now, started) for name in names]
         contexts = [ctx if ctx is not None else ExecutionContext() for _, ctx in steps]
         texts = [ctx.to_json() for ctx in contexts]
         context_rows = [_context_columns(text) for text in texts]
@@ -892,20 +979,7 @@ class JobRepository:
         result = []
         for step_id, name, ctx, text in zip(ids, names, contexts, texts, strict=True):
             ctx.mark_saved(text)
-            result.append(
-                StepExecution(
-                    id=step_id,
-                    step_name=name,
-                    job_execution=job_execution,
-                    status=BatchStatus.STARTED if started else BatchStatus.STARTING,
-                    create_time=now,
-                    start_time=now if started else None,
-                    last_updated=now,
-                    execution_context=ctx,
-                    start_recorded=started,
-                    fresh=True,
-                )
-            )
+            result.append(_new_step(step_id, name, job_execution, ctx, now, started))
         return result
 
     @property

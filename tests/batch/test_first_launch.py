@@ -58,11 +58,23 @@ def test_a_first_launch_reads_no_instance_where_its_statement_creates_it_unless_
         s for s in sent if s.lstrip().upper().startswith("SELECT") and "batch_job_instance" in s
     ]
     if repo.creates_instance_if_absent:
-        assert not reads_instance, sent
+        # One statement: the instance, the execution, its context and parameters, its first
+        # step's execution and that step's context.
+        assert len(sent) == 1, sent
         assert "ON CONFLICT" in sent[0] and "batch_job_instance" in sent[0], sent
     else:
         assert reads_instance, sent
     assert _instances(repo) == 1 and _executions(repo) == 1
+    # The first step's execution, made with the job's, as creating it on its own makes it.
+    made = execution.prepared_steps["t"]
+    stored = repo.get_step_execution(made.id)
+    assert stored is not None and stored.step_name == "t" == made.step_name
+    assert stored.job_execution.id == execution.id == made.job_execution.id
+    assert (stored.status, made.status) == (BatchStatus.STARTED, BatchStatus.STARTED)
+    assert stored.start_time == made.start_time and made.start_recorded
+    assert stored.execution_context.to_dict() == {} and not made.execution_context.dirty
+    assert (stored.version, stored.commit_count, stored.read_count) == (0, 0, 0)
+    assert [s.id for s in repo.get_step_executions(execution)] == [made.id]
 
 
 def test_a_launch_of_an_existing_instance_is_checked_and_writes_nothing_when_refused(
