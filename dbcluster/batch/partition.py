@@ -248,12 +248,14 @@ class PartitionStep(Step):
             log.info(
                 "restarting %d of %d partitions of step %s", len(pending), len(names), self.name
             )
-        with repository.transaction(conn) as c:
-            created = repository.create_step_executions(
-                job_execution, [(self.execution_name(n), ctx) for n, ctx in pending], c
-            )
-            if master.execution_context.dirty:
-                repository.update_step_execution_context(master, c)
+        # The master's context (naming its partitions, on a first run) in the statement that
+        # creates them where the database can.
+        created = repository.create_step_executions(
+            job_execution,
+            [(self.execution_name(n), ctx) for n, ctx in pending],
+            conn,
+            context_of=master if master.execution_context.dirty else None,
+        )
         return [
             PartitionWork(
                 name=name,

@@ -19,6 +19,7 @@ from sqlalchemy import (
     Connection,
     Engine,
     Row,
+    Select,
     bindparam,
     case,
     exists,
@@ -301,6 +302,27 @@ def _new_step(
     )
 
 
+def _also_writing_a_context(statement: Any | None) -> Any | None:
+    """``statement`` (a SELECT, or an INSERT) also writing another step execution's context as
+    :data:`_UPDATE_STEP_CONTEXT` does (its parameters), the number of contexts that wrote its
+    last column (a partitioned step's own context, with its partitions' names, goes in the
+    statement that creates them); None for None."""
+    if statement is None:
+        return None
+    written = _UPDATE_STEP_CONTEXT.returning(_SC.c.step_execution_id).cte("dbc_other_context")
+    count = select(func.count()).select_from(written).scalar_subquery().label("contexts_written")
+    statement = statement.add_cte(written)
+    if isinstance(statement, Select):
+        return statement.add_columns(count)
+    return statement.returning(count)
+
+
+def _context_gone(execution: StepExecution) -> str:
+    return (
+        f"the context of step execution {execution.id} ({execution.step_name!r}) no longer exists"
+    )
+
+
 def _bulk_inserts(provider: Any) -> tuple[Any, Any] | None:
     """Step executions (returning their ids by name) and their contexts, each one statement
     of arrays for any number of rows, where the database can (None: executemany). Of the step
@@ -447,6 +469,16 @@ class JobRepository:
             _SE.c.step_execution_id,
             _SC,
             _NEW_CONTEXT_COLUMNS,
+        )
+        #: Those, writing another step's context too where the database can (None: apart).
+        folds = provider.supports_writable_cte
+        self._step_with_context_and_other = (
+            _also_writing_a_context(self._step_with_context) if folds else None
+        )
+        self._bulk_contexts_and_other = (
+            _also_writing_a_context(self._bulk_inserts[1])
+            if folds and self._bulk_inserts is not None
+            else None
         )
         #: A job execution with its context and parameters in one statement, returning its id
         #: (None: three).
@@ -917,10 +949,16 @@ class JobRepository:
         conn: Connection | None = None,
         *,
         started: bool = False,
+        context_of: StepExecution | None = None,
     ) -> list[StepExecution]:
         """Insert many step executions (e.g. a step's partitions) and their contexts in bulk;
-        with ``started``, already STARTED (``start_recorded``: the step writes no start)."""
+        with ``started``, already STARTED (``start_recorded``: the step writes no start).
+        ``context_of``: also write that step execution's context, as
+        :meth:`update_step_execution_context` does (in the same statement where the database
+        can: a partitioned step's own context, naming its partitions)."""
         if not steps:
+            if context_of is not None:
+                self.update_step_execution_context(context_of, conn)
             return []
         names = [name for name, _ in steps]
         if len(set(names)) != len(names):
@@ -932,6 +970,12 @@ class JobRepository:
         context_rows = [_context_columns(text) for text in texts]
         bulk = self._bulk_inserts if len(rows) > 1 else None
         contexts_written = bulk is not None
+        other: dict[str, Any] = {}
+        other_text = None
+        if context_of is not None:
+            other_text = context_of.execution_context.to_json()
+            other = _context_values(context_of.id, other_text)
+        other_written: int | None = None  # None: not written yet
         with self.transaction(conn) as c:
             if bulk is not None:
                 insert_steps, insert_contexts = bulk
@@ -941,16 +985,26 @@ class JobRepository:
                     for row in c.execute(insert_steps, {"a_step_name": names, **shared})
                 }
                 ids = [got[name] for name in names]
-                c.execute(
-                    insert_contexts,
+                folded = self._bulk_contexts_and_other if other else None
+                written = c.execute(
+                    folded if folded is not None else insert_contexts,
                     {
                         "a_step_execution_id": ids,
                         **array_parameters(context_rows, _NEW_CONTEXT_COLUMNS[1:]),
+                        **other,
                     },
                 )
+                if folded is not None:
+                    other_written = int(written.first()[-1])
             elif len(rows) == 1 and self._step_with_context is not None:
-                one = {**rows[0], **context_rows[0]}
-                ids = [int(c.execute(self._step_with_context, one).scalar_one())]
+                one = {**rows[0], **context_rows[0], **other}
+                folded = self._step_with_context_and_other if other else None
+                row = c.execute(
+                    folded if folded is not None else self._step_with_context, one
+                ).one()
+                ids = [int(row[0])]
+                if folded is not None:
+                    other_written = int(row[-1])
                 contexts_written = True
             elif len(rows) == 1:
                 ids = [self._insert_id(c, _SE, _SE.c.step_execution_id, rows[0])]
@@ -976,6 +1030,14 @@ class JobRepository:
                         for i, columns in zip(ids, context_rows, strict=True)
                     ],
                 )
+            if context_of is not None:
+                if other_written is None:
+                    self._write_step_context(c, context_of, other)
+                elif other_written != 1:
+                    raise OptimisticLockingFailureError(_context_gone(context_of))
+        if context_of is not None:
+            assert other_text is not None
+            context_of.execution_context.mark_saved(other_text)
         result = []
         for step_id, name, ctx, text in zip(ids, names, contexts, texts, strict=True):
             ctx.mark_saved(text)
@@ -1067,10 +1129,7 @@ class JobRepository:
     @staticmethod
     def _write_step_context(conn: Connection, execution: StepExecution, values: Any) -> None:
         if conn.execute(_UPDATE_STEP_CONTEXT, values).rowcount != 1:
-            raise OptimisticLockingFailureError(
-                f"the context of step execution {execution.id} ({execution.step_name!r}) "
-                f"no longer exists"
-            )
+            raise OptimisticLockingFailureError(_context_gone(execution))
 
     def fail_running(
         self,

@@ -231,3 +231,54 @@ def test_a_step_created_alone_with_its_context_reads_back_as_made(
         assert not made.execution_context.dirty
     names = [s.step_name for s in repo.get_step_executions(je)]
     assert sorted(names) == ["long", "none", "short"]
+
+
+@pytest.mark.parametrize("count", [1, 3])
+def test_partitions_are_created_with_their_masters_context(
+    repo: JobRepository, backend: Any, count: int
+) -> None:
+    """A partitioned step's own context (naming its partitions) is written with them: in the
+    statement that creates them where the database can (then ``count`` partitions cost the
+    statements they cost without it); a context that no longer exists is refused and nothing is
+    created."""
+    from sqlalchemy import delete, event, func, select
+
+    from dbcluster.schema import step_execution, step_execution_context
+
+    instance = repo.create_job_instance("ctx-of", _params())
+    execution = repo.create_job_execution(instance, _params())
+    master = repo.create_step_execution(execution, "m")
+    names = [f"w:p{i}" for i in range(count)]
+    master.execution_context.put("names", names)
+    sent: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        sent.append(statement)
+
+    event.listen(repo.engine, "before_cursor_execute", record)
+    try:
+        made = repo.create_step_executions(execution, [(n, None) for n in names], context_of=master)
+    finally:
+        event.remove(repo.engine, "before_cursor_execute", record)
+    assert [s.step_name for s in made] == names
+    assert not master.execution_context.dirty
+    stored = repo.get_step_execution(master.id)
+    assert stored is not None and stored.execution_context.get("names") == names
+    updates = [s for s in sent if s.lstrip().upper().startswith("UPDATE")]
+    if get_provider(backend.engine).supports_writable_cte:
+        assert not updates and len(sent) == (1 if count == 1 else 2), sent
+    else:
+        assert len(updates) == 1, sent
+
+    with backend.engine.begin() as conn:
+        conn.execute(
+            delete(step_execution_context).where(
+                step_execution_context.c.step_execution_id == master.id
+            )
+        )
+    master.execution_context.put("names", ["again"])
+    with pytest.raises(OptimisticLockingFailureError, match="no longer exists"):
+        repo.create_step_executions(execution, [("w:again", None)], context_of=master)
+    with backend.engine.connect() as conn:
+        again = select(func.count()).where(step_execution.c.step_name == "w:again")
+        assert conn.execute(again).scalar_one() == 0
