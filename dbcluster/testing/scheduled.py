@@ -99,6 +99,20 @@ class TickReport:
         )
 
 
+def _master_of(engine: Any, job_execution_id: int) -> str | None:
+    """The node that is master of the job execution now."""
+    from sqlalchemy import select
+
+    from dbcluster.schema import job_coordination
+
+    with engine.connect() as conn:
+        return conn.execute(  # type: ignore[no-any-return]
+            select(job_coordination.c.master_node).where(
+                job_coordination.c.job_execution_id == job_execution_id
+            )
+        ).scalar_one_or_none()
+
+
 def _submit_and_wait(
     engine: Any, harness: Any, workers: list[Any], job: str, params: list[str]
 ) -> Any:
@@ -253,6 +267,15 @@ def run_ticks(
             )
             for at, what in plan:
                 time.sleep(max(0.0, began + at - time.monotonic()))
+                if what == "pause" and submitted is not None:
+                    # A bystander of the submitted job: not the node that took it over (paused
+                    # past the thresholds, its mastership would move a second time).
+                    master = _master_of(engine, submitted.job_execution_id) or ""
+                    bystander = next(
+                        w
+                        for w in workers
+                        if w is not victim and not master.startswith(w.prefix + "-")
+                    )
                 target = victim if what == "kill" else bystander
                 getattr(harness, what)(target)
                 report.events.append(f"{what} {target.prefix} at {db_now().isoformat()}")
