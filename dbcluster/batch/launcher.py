@@ -161,12 +161,12 @@ class JobLauncher:
         execution: JobExecution | None = None
         instance: JobInstance | None = None
         executions: list[JobExecution] = []
+        first = job.first_step()
         if repository.creates_instance_if_absent:
             # A first launch (the usual one) creates its instance, its execution and its first
             # step's execution in one statement without reading first; where the instance
             # exists it writes nothing (having waited for one another launcher was committing),
             # and the launch reads it.
-            first = job.first_step()
             execution = repository.create_instance_if_absent(
                 job.name,
                 params,
@@ -195,8 +195,7 @@ class JobLauncher:
                 instance, params, context, conn=conn, started=True
             )
         execution.earlier = executions
-        first = job.first_step() if not executions else None
-        if first is not None and first.name not in execution.prepared_steps:
+        if not executions and first is not None and first.name not in execution.prepared_steps:
             # A first launch starts with this step: create its execution now, STARTED, rather
             # than in a transaction of its own.
             execution.prepared_steps[first.name] = repository.create_step_execution(
