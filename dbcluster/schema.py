@@ -216,6 +216,9 @@ job_execution = Table(
     **_TABLE_OPTIONS,
 )
 
+#: A job parameter's columns besides its execution's id, in the order they are written and read.
+PARAMETER_COLUMNS = ("parameter_name", "parameter_type", "parameter_value", "identifying")
+
 job_execution_params = Table(
     "batch_job_execution_params",
     metadata,

@@ -63,7 +63,9 @@ class JobLauncher:
         with a running execution (:class:`JobExecutionAlreadyRunningError`); a FAILED, STOPPED or
         ABANDONED instance runs again as a new execution that resumes where the last one stopped.
         """
-        execution = self.create_execution(job, as_job_parameters(params))
+        return self._run(job, self.create_execution(job, as_job_parameters(params)))
+
+    def _run(self, job: Job, execution: JobExecution) -> JobExecution:
         log.info("launching job %s, execution %s", job.name, execution.id)
         job.execute(execution, self.runtime)
         log.info("job %s, execution %s ended %s", job.name, execution.id, execution.status.value)
@@ -102,7 +104,7 @@ class JobLauncher:
             raise JobRestartError(
                 f"execution {execution_id} belongs to job {old.job_name!r}, not {job.name!r}"
             )
-        return self.run(job, old.parameters)
+        return self._run(job, self.create_execution(job, old.parameters, existing=True))
 
     def create_execution(
         self,
@@ -112,6 +114,7 @@ class JobLauncher:
         context: ExecutionContext | None = None,
         *,
         check: Callable[[Connection, list[JobExecution]], None] | None = None,
+        existing: bool = False,
     ) -> JobExecution:
         """Check that the instance may start and create its new execution, already STARTED,
         in one transaction under the instance's row lock (so that concurrent launchers cannot
@@ -120,14 +123,15 @@ class JobLauncher:
         ``check(conn, executions)`` adds a check of the caller's on the instance's executions
         (newest first) in the same transaction; ``on_created(conn, execution)`` runs in it last
         (a cluster master records its mastership there, so no execution ever exists without an
-        owner survivors can see).
+        owner survivors can see). ``existing``: the caller knows the instance exists (a
+        restart), so the launch reads it first instead of trying to create it.
         """
         job.validate_parameters(params)
         repository = self.repository
         made: list[JobExecution] = []
 
         def create(conn: Connection) -> JobExecution:
-            made[:] = [self._create(job, params, conn, on_created, context, check)]
+            made[:] = [self._create(job, params, conn, on_created, context, check, existing)]
             return made[0]
 
         def created(conn: Connection) -> bool:
@@ -156,13 +160,14 @@ class JobLauncher:
         on_created: Callable[[Connection, JobExecution], None] | None,
         context: ExecutionContext | None,
         check: Callable[[Connection, list[JobExecution]], None] | None,
+        existing: bool,
     ) -> JobExecution:
         repository = self.repository
         execution: JobExecution | None = None
         instance: JobInstance | None = None
         executions: list[JobExecution] = []
         first = job.first_step()
-        if repository.creates_instance_if_absent:
+        if repository.creates_instance_if_absent and not existing:
             # A first launch (the usual one) creates its instance, its execution and its first
             # step's execution in one statement without reading first; where the instance
             # exists it writes nothing (having waited for one another launcher was committing),

@@ -108,7 +108,7 @@ _INSERT_STEPS_RETURNING_IN_ORDER = insert(_SE).returning(
 _SELECT_INSTANCE = select(_JI).where(
     _JI.c.job_name == bindparam("b_name"), _JI.c.job_key == bindparam("b_key")
 )
-_PARAMETER_COLUMNS = ("parameter_name", "parameter_type", "parameter_value", "identifying")
+_PARAMETER_COLUMNS = schema.PARAMETER_COLUMNS
 #: What a job execution is read with: its instance's columns and its context.
 _EXECUTION_COLUMNS = (
     _JE,
@@ -311,10 +311,10 @@ def _also_writing_a_context(statement: Any | None) -> Any | None:
         return None
     written = _UPDATE_STEP_CONTEXT.returning(_SC.c.step_execution_id).cte("dbc_other_context")
     count = select(func.count()).select_from(written).scalar_subquery().label("contexts_written")
-    statement = statement.add_cte(written)
     if isinstance(statement, Select):
-        return statement.add_columns(count)
-    return statement.returning(count)
+        return statement.add_cte(written).add_columns(count)
+    # An INSERT of many rows: as a CTE of a SELECT of the one count (not a count per row).
+    return select(count).add_cte(statement.cte("dbc_rows"), written)
 
 
 def _context_gone(execution: StepExecution) -> str:

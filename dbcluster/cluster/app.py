@@ -170,7 +170,7 @@ class Cluster(UnattendedRuns):
         if old is None:
             raise NoSuchJobExecutionError(f"there is no job execution with id {execution_id}")
         job = self.registry.get_job(old.job_name)
-        return self.run_execution(job, self.create_execution(job, old.parameters))
+        return self.run_execution(job, self.create_execution(job, old.parameters, existing=True))
 
     def create_execution(
         self,
@@ -180,6 +180,7 @@ class Cluster(UnattendedRuns):
         context: ExecutionContext | None = None,
         after: int | None = None,
         on_created: Callable[[Connection, JobExecution], None] | None = None,
+        existing: bool = False,
     ) -> JobExecution:
         """The launcher's checks, plus one of the cluster's: an instance whose last execution
         still has partitions in flight (PENDING or CLAIMED on some node) cannot run again yet,
@@ -190,6 +191,7 @@ class Cluster(UnattendedRuns):
         ``after``: the execution is created only if that one is still the instance's newest
         (an automatic restart, which another node may have made first). ``on_created(conn,
         execution)`` runs last in the creating transaction (a launch request is marked there).
+        ``existing``: the instance exists (a restart; implied by ``after``).
         """
         identity = self.node.identity
         store = self.node.store
@@ -246,18 +248,24 @@ class Cluster(UnattendedRuns):
                 else:
                     master.prepared = later.planned
 
+        def create() -> JobExecution:
+            return self.launcher.create_execution(
+                job,
+                params,
+                on_created=own,
+                context=context,
+                check=check,
+                existing=existing or after is not None,
+            )
+
         later: PlaceLater | None = None
         try:
-            execution = self.launcher.create_execution(
-                job, params, on_created=own, context=context, check=check
-            )
+            execution = create()
         except PlaceLater as deferred:
             # Nothing of that transaction was committed: create the execution again, and the
             # step places the partitions after it (the partitioner does not run again).
             later = deferred
-            execution = self.launcher.create_execution(
-                job, params, on_created=own, context=context, check=check
-            )
+            execution = create()
         points.reach("master.after_create_execution", job_execution=execution)
         return execution
 

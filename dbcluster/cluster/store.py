@@ -413,6 +413,8 @@ class CoordinationStore:
         load: int,
         step_execution_ids: Sequence[int],
         started_at: datetime,
+        *,
+        with_jobs: bool = False,
     ) -> list[ClaimedPartition]:
         """Claim polled partitions in one transaction: lock the node's own registry row first
         (a node removed since it polled claims nothing and gets :class:`NodeRemovedError`; a
@@ -421,7 +423,9 @@ class CoordinationStore:
         their step executions STARTED at ``started_at``, and read back what was won with what
         the executor needs (all five in one statement, committing on its own, where the
         provider has :meth:`~dbcluster.dialects.base.QueryProvider.claim_and_start`). A claim
-        whose commit's outcome is unclear is judged from the rows."""
+        whose commit's outcome is unclear is judged from the rows. ``with_jobs``: the one
+        statement also reads back each partition's job execution where it can (for partitions
+        of jobs the node may not know yet: what a wake-up offered)."""
         provider = self.provider
         ids = list(step_execution_ids)
         node = {"b_node": node_id}
@@ -429,20 +433,28 @@ class CoordinationStore:
 
         # The whole claim in one statement that commits on its own, where the database can;
         # else a transaction of five.
-        claim_and_start = self.prepared(
-            "claim and start",
-            lambda: provider.claim_and_start(
-                bindparam("b_node"),
-                bindparam("b_ids", expanding=True),
-                bindparam("b_started_at"),
-                bindparam("b_load"),
-            ),
+        binds = (
+            bindparam("b_node"),
+            bindparam("b_ids", expanding=True),
+            bindparam("b_started_at"),
+            bindparam("b_load"),
         )
+        claim_and_start = None
+        if with_jobs:
+            claim_and_start = self.prepared(
+                "claim and start, reading jobs",
+                lambda: provider.claim_and_start_reading_jobs(*binds),
+            )
+            with_jobs = claim_and_start is not None
+        if claim_and_start is None:
+            claim_and_start = self.prepared(
+                "claim and start", lambda: provider.claim_and_start(*binds)
+            )
         # Compiled once for this many ids where it can be (see dbcluster.prebuilt): the text
         # SQLAlchemy would send, without its per-execution compilation of the IN list.
         prebuilt_claim = (
             self.prepared(
-                ("claim and start, prebuilt", len(ids)),
+                ("claim and start, prebuilt", with_jobs, len(ids)),
                 lambda: Prebuilt.build(claim_and_start, self.engine.dialect, {"b_ids": len(ids)}),
             )
             if claim_and_start is not None and ids

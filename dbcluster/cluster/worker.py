@@ -295,7 +295,9 @@ class Worker(Service):
         if identity.fenced.is_set() or self.node.stopping:
             return True
         try:
-            won = self.store.claim(identity.node_id, self.load, polled, utcnow())
+            # Offered partitions were just placed: maybe of a job this node has not read yet,
+            # which the claim then reads back with them.
+            won = self.store.claim(identity.node_id, self.load, polled, utcnow(), with_jobs=offered)
         except NodeRemovedError as exc:
             self.node.fence(identity, str(exc))
             return True

@@ -1146,6 +1146,22 @@ class QueryProvider:
         and ``dbc_node``; one row whose ``p_id`` is NULL when nothing was won; no row when the
         node is no longer registered (nothing was claimed). Lock waits are bounded by the
         session (:meth:`session_engine_options`). None: a transaction of five statements."""
+        return self._claim_and_start(node_id, step_execution_ids, started_at, load, False)
+
+    def claim_and_start_reading_jobs(
+        self, node_id: Any, step_execution_ids: Any, started_at: Any, load: Any
+    ) -> Select[Any] | None:
+        """:meth:`claim_and_start` whose rows also hold each partition's job execution and its
+        parameters (see :meth:`_claimed_job`), where the database can aggregate them into one
+        row; None where it cannot, or where a provider has a claim of its own (then the claim
+        is that one and the worker reads the job)."""
+        if type(self).claim_and_start is not QueryProvider.claim_and_start:
+            return None
+        return self._claim_and_start(node_id, step_execution_ids, started_at, load, True)
+
+    def _claim_and_start(
+        self, node_id: Any, step_execution_ids: Any, started_at: Any, load: Any, with_jobs: bool
+    ) -> Select[Any] | None:
         if not (self.supports_writable_cte and self.skip_locked()):
             return None
         touched = self.touch_node(node_id, load).returning(nodes.c.node_id).cte("dbc_touched")
@@ -1163,7 +1179,11 @@ class QueryProvider:
         # A join tree, not a subquery: the columns are named once, which keeps the statement
         # short enough for the driver to cache its parsing (psycopg: 4,096 characters).
         won = self._won(claimed, started)
-        job_columns, won = self._claimed_job(claimed, won)
+        job_columns: list[Any] = []
+        if with_jobs:
+            job_columns, won = self._claimed_job(claimed, won)
+            if not job_columns:
+                return None
         return (
             select(
                 touched.c.node_id.label("dbc_node"),
@@ -1175,12 +1195,53 @@ class QueryProvider:
         )
 
     def _claimed_job(self, claimed: Any, won: Any) -> tuple[list[Any], Any]:
-        """Where the database can aggregate the parameters into one row: the columns of the job
-        execution each claimed partition belongs to (named ``CLAIMED_JOB_PREFIX`` + the name a
-        job execution's read gives them; its parameters as arrays in name order, one per
-        parameter column), and ``won`` joined to what they come from. A worker's first partition
-        of a job then needs no read of its job. Here: none (the worker reads the job)."""
-        return [], won
+        """The columns of the job execution each claimed partition belongs to, each named
+        ``CLAIMED_JOB_PREFIX`` + the name a job execution's read gives it, with its parameters
+        as one array per parameter column in name order; and ``won`` joined to what they come
+        from (outer joins only: a partition won is read back whatever its job's rows say). None
+        of them where the database cannot aggregate the parameters into one row: the worker
+        then reads the job."""
+        je, ji = schema.job_execution.alias("je"), schema.job_instance.alias("ji")
+        jc, jp = schema.job_execution_context.alias("jc"), schema.job_execution_params.alias("jp")
+        arrays = self.aggregate_parameters(jp, jp.c.parameter_name)
+        if arrays is None:
+            return [], won
+        prefix = CLAIMED_JOB_PREFIX
+        # Short aliases keep the statement short for the driver to parse.
+        params = (
+            select(
+                *(
+                    array.label(prefix + name)
+                    for name, array in zip(schema.PARAMETER_COLUMNS, arrays, strict=True)
+                )
+            )
+            .where(jp.c.job_execution_id == claimed.c.job_execution_id)
+            .lateral("jq")
+        )
+        columns = [
+            *(column.label(prefix + column.name) for column in je.c),
+            ji.c.job_name.label(prefix + "job_name"),
+            ji.c.job_key.label(prefix + "job_key"),
+            ji.c.version.label(prefix + "instance_version"),
+            jc.c.short_context.label(prefix + "short_context"),
+            jc.c.serialized_context.label(prefix + "serialized_context"),
+            *params.c,
+        ]
+        joined = (
+            won.outerjoin(je, je.c.job_execution_id == claimed.c.job_execution_id)
+            .outerjoin(ji, ji.c.job_instance_id == je.c.job_instance_id)
+            .outerjoin(jc, jc.c.job_execution_id == je.c.job_execution_id)
+            .outerjoin(params, true())
+        )
+        return columns, joined
+
+    def aggregate_parameters(self, params: Any, order_by: Any) -> list[Any] | None:
+        """Aggregates of the ``params`` alias (of the job parameters table) over the rows of one
+        job execution: one per parameter column (``schema.PARAMETER_COLUMNS``), each an array
+        of that column's values in ``order_by``'s order, which the driver returns as a list of
+        Python values (no result processor); None where the database has none (PostgreSQL:
+        ``array_agg``)."""
+        return None
 
     def _claimed_cte(self, node_id: Any, locked: Any, name: str, table: Any = partitions) -> Any:
         """A claim's update of the partitions ``locked`` (a CTE of their ids) locked, by key

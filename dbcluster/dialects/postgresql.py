@@ -23,7 +23,6 @@ from sqlalchemy import (
     insert,
     literal,
     select,
-    true,
     type_coerce,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, aggregate_order_by
@@ -32,18 +31,8 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.types import NullType, TypeEngine
 
-from dbcluster.dialects.base import CLAIMED_JOB_PREFIX, Listener, QueryProvider, SessionLimits
-from dbcluster.schema import (
-    ShortText,
-    job_execution,
-    job_execution_context,
-    job_execution_params,
-    job_instance,
-    nodes,
-)
-
-#: A job execution parameter's columns, as a claim reads them back in arrays.
-_PARAMETER_COLUMNS = ("parameter_name", "parameter_type", "parameter_value", "identifying")
+from dbcluster.dialects.base import Listener, QueryProvider, SessionLimits
+from dbcluster.schema import PARAMETER_COLUMNS, ShortText, nodes
 
 #: What a channel name made by :meth:`QueryProvider.wake_channel` looks like (it goes into
 #: ``LISTEN`` as an identifier, which cannot be a bound parameter).
@@ -202,46 +191,13 @@ class PostgreSQLProvider(QueryProvider):
             statement = statement.add_cte(written.cte(f"dbc_child{index}"))
         return statement
 
-    def _claimed_job(self, claimed: Any, won: Any) -> tuple[list[Any], Any]:
-        # Short aliases keep the claim under psycopg's 4,096-character parse cache; a lateral
-        # subquery gives each parameter column as one array in the order the executions' read
-        # gives them (the collation's).
-        je, ji = job_execution.alias("je"), job_instance.alias("ji")
-        jc, jp = job_execution_context.alias("jc"), job_execution_params.alias("jp")
-        prefix = CLAIMED_JOB_PREFIX
+    def aggregate_parameters(self, params: Any, order_by: Any) -> list[Any] | None:
         # psycopg returns each array as a list of its elements' Python values: no result
         # processor (which would also keep the claim from running prebuilt).
-        params = (
-            select(
-                *(
-                    type_coerce(
-                        func.array_agg(aggregate_order_by(jp.c[name], jp.c.parameter_name)),
-                        NullType(),
-                    ).label(prefix + name)
-                    for name in _PARAMETER_COLUMNS
-                )
-            )
-            .where(jp.c.job_execution_id == claimed.c.job_execution_id)
-            .lateral("jq")
-        )
-        columns = [
-            *(column.label(prefix + column.name) for column in je.c),
-            ji.c.job_name.label(prefix + "job_name"),
-            ji.c.job_key.label(prefix + "job_key"),
-            ji.c.version.label(prefix + "instance_version"),
-            jc.c.short_context.label(prefix + "short_context"),
-            jc.c.serialized_context.label(prefix + "serialized_context"),
-            *params.c,
+        return [
+            type_coerce(func.array_agg(aggregate_order_by(params.c[name], order_by)), NullType())
+            for name in PARAMETER_COLUMNS
         ]
-        # Outer joins only: a partition won is read back whatever its job's rows say (the
-        # worker reads the job itself where they say nothing).
-        joined = (
-            won.outerjoin(je, je.c.job_execution_id == claimed.c.job_execution_id)
-            .outerjoin(ji, ji.c.job_instance_id == je.c.job_instance_id)
-            .outerjoin(jc, jc.c.job_execution_id == je.c.job_execution_id)
-            .outerjoin(params, true())
-        )
-        return columns, joined
 
     def insert_unless_present(self, table: Table, key: Sequence[str]) -> Insert | None:
         # ON CONFLICT DO NOTHING on that unique key only: any other violation still raises.

@@ -272,9 +272,12 @@ def run_ticks(
                     # past the thresholds, its mastership would move a second time).
                     master = _master_of(engine, submitted.job_execution_id) or ""
                     bystander = next(
-                        w
-                        for w in workers
-                        if w is not victim and not master.startswith(w.prefix + "-")
+                        (
+                            w
+                            for w in workers
+                            if w is not victim and not master.startswith(w.prefix + "-")
+                        ),
+                        bystander,  # two nodes: the one left is its master; pause it all the same
                     )
                 target = victim if what == "kill" else bystander
                 getattr(harness, what)(target)

@@ -165,3 +165,32 @@ def test_two_launchers_of_one_new_instance_make_one_execution(
     assert outcome["first"].status is BatchStatus.STARTED, outcome
     assert isinstance(outcome["second"], JobExecutionAlreadyRunningError), outcome
     assert _instances(repo) == 1 and _executions(repo) == 1
+
+
+def test_a_restart_reads_its_instance_without_trying_to_create_it(
+    launcher: JobLauncher, repo: JobRepository
+) -> None:
+    """A restart knows its instance exists: no statement that would create it is sent."""
+    broken = {"yes": True}
+
+    def body(ctx: Any) -> None:
+        if broken["yes"]:
+            raise RuntimeError("boom")
+
+    job = Job("restarted", [TaskletStep("t", body)])
+    failed = launcher.run(job, JobParameters({"run": 5}))
+    assert failed.status is BatchStatus.FAILED
+    broken["yes"] = False
+    sent: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        sent.append(statement)
+
+    event.listen(repo.engine, "before_cursor_execute", record)
+    try:
+        again = launcher.restart(failed.id, job)
+    finally:
+        event.remove(repo.engine, "before_cursor_execute", record)
+    assert again.status is BatchStatus.COMPLETED and again.id != failed.id
+    assert not [s for s in sent if "INSERT INTO batch_job_instance" in s], sent
+    assert _instances(repo) == 1 and _executions(repo) == 2

@@ -39,13 +39,13 @@ def _break_claims(cluster: Cluster, *, only_with_partitions: bool = False) -> di
     real = store.claim
     state: dict[str, Any] = {"broken": True, "failed": 0}
 
-    def claim(node_id: str, load: int, ids: Any, *args: Any) -> Any:
+    def claim(node_id: str, load: int, ids: Any, *args: Any, **kwargs: Any) -> Any:
         if state["broken"] and (ids or not only_with_partitions):
             state["failed"] += 1
             raise ProgrammingError(
                 "UPDATE batch_partitions ...", {}, Exception('column "attempt" does not exist')
             )
-        return real(node_id, load, ids, *args)
+        return real(node_id, load, ids, *args, **kwargs)
 
     store.claim = claim  # type: ignore[method-assign]
     return state

@@ -97,7 +97,7 @@ def test_a_claim_reads_back_the_job_as_its_read_gives_it(backend: Backend) -> No
     ]
     for params, context in cases:
         ids = _placed(engine, store, params, context)
-        won = store.claim(NODE, 0, ids, utcnow())
+        won = store.claim(NODE, 0, ids, utcnow(), with_jobs=True)
         assert sorted(w.partition.step_execution_id for w in won) == sorted(ids)
         read = repository.get_job_execution(won[0].partition.job_execution_id)
         assert read is not None
@@ -132,3 +132,35 @@ def test_a_workers_first_partition_of_a_job_reads_no_job(
         assert reads == [], reads
     else:
         assert len(reads) == 1, reads
+
+
+def test_only_a_claim_asked_for_jobs_reads_them_and_the_usual_one_stays_short(
+    backend: Backend,
+) -> None:
+    """A poll's claim (partitions of jobs the node mostly knows) reads no job and stays under
+    psycopg's 4,096-character parse cache, as a slot's final write does; only a wake-up's
+    offers are claimed with their jobs."""
+    from sqlalchemy import bindparam
+
+    from dbcluster.prebuilt import Prebuilt
+
+    engine, provider = backend.engine, backend.provider
+    store = _store(engine, provider)
+    _register(engine, provider, NODE)
+    ids = _placed(engine, store, JobParameters({"run": 1}), {})
+    won = store.claim(NODE, 0, ids, utcnow())
+    assert len(won) == 2
+    assert all(JobRepository.job_execution_from_row(w.row, CLAIMED_JOB_PREFIX) is None for w in won)
+    claim = provider.claim_and_start(
+        bindparam("b_node"),
+        bindparam("b_ids", expanding=True),
+        bindparam("b_started_at"),
+        bindparam("b_load"),
+    )
+    if claim is None:
+        return  # a claim of five statements
+    for count in (1, 4):
+        built = Prebuilt.build(claim, engine.dialect, {"b_ids": count})
+        sql = built.sql if built is not None else str(claim.compile(dialect=engine.dialect))
+        assert CLAIMED_JOB_PREFIX + "job_name" not in sql
+        assert len(sql) <= 4096, f"{len(sql)} characters"
