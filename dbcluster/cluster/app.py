@@ -221,29 +221,50 @@ class Cluster(UnattendedRuns):
             where the provider can put two writes together."""
 
             def build() -> list[Any]:
-                ids = (bindparam("b_id"), bindparam("b_node"))
-                at_step = (COORD_STARTED, bindparam("b_master"), bindparam("b_worker_step"))
-                coordination = provider.insert_coordination(*ids, *(at_step if pointing else ()))
-                launched = provider.insert_master(ids[0], 1, ids[1], "launched")
+                coordination, launched = writes(pointing)
                 one = provider.together(coordination, launched)
                 return [coordination, launched] if one is None else [one]
 
             return store.prepared(("own execution", pointing), build)  # type: ignore[no-any-return]
+
+        def writes(pointing: bool) -> tuple[Any, Any]:
+            ids = (bindparam("b_id"), bindparam("b_node"))
+            at_step = (COORD_STARTED, bindparam("b_master"), bindparam("b_worker_step"))
+            coordination = provider.insert_coordination(*ids, *(at_step if pointing else ()))
+            return coordination, provider.insert_master(ids[0], 1, ids[1], "launched")
+
+        def owned_then_nodes() -> Any | None:
+            """The coordination row (pointing at the placed step) and the master history row,
+            then the live nodes' read the placement starts with: one statement where the
+            provider can put them together (None: apart)."""
+            return store.prepared(
+                "own execution, then the nodes",
+                lambda: store.provider.together_all(writes(True), store.select_nodes()),
+            )
 
         def own(conn: Connection, execution: JobExecution) -> None:
             row: dict[str, Any] = {"b_id": execution.id, "b_node": identity.node_id}
             master = execution.prepared_steps.get(placing.name) if placing else None
             if placing is not None and master is not None:
                 row.update(b_master=master.id, b_worker_step=placing.worker_step.name)
-            for stmt in owner("b_master" in row):
-                conn.execute(stmt, row)
+            # Placing in this transaction: the ownership is written in the placement's first
+            # statement, which reads the live nodes, where the provider can.
+            first = owned_then_nodes() if master is not None and later is None else None
+            if first is None:
+                for stmt in owner("b_master" in row):
+                    conn.execute(stmt, row)
             if on_created is not None:
                 on_created(conn, execution)
             execution.fence = Mastership(store, execution.id, identity)
             if placing is not None and master is not None:
                 if later is None:
                     self.handler.placer.place_at_launch(
-                        conn, placing, master, self.launcher.runtime, execution.fence
+                        conn,
+                        placing,
+                        master,
+                        self.launcher.runtime,
+                        execution.fence,
+                        first=None if first is None else (first, row),
                     )
                 else:
                     master.prepared = later.planned

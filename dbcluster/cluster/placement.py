@@ -6,6 +6,7 @@ execution (see :meth:`dbcluster.cluster.app.Cluster.create_execution`)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -144,6 +145,8 @@ class Placer:
         master: StepExecution,
         runtime: BatchRuntime,
         mastership: Mastership,
+        *,
+        first: tuple[Any, Mapping[str, Any]] | None = None,
     ) -> None:
         """Place a first run's partitions in the transaction that creates its job execution (see
         :meth:`Cluster.create_execution`), so that one COMMIT makes them visible: read the live
@@ -156,8 +159,10 @@ class Placer:
         for one as usual). Raises :class:`PlaceLater` when the placement must not go in this
         transaction: the partitioner took so long that the server may end the idle transaction
         (``idle_transaction_timeout``), this node was fenced meanwhile, or a statement of the
-        placement failed (the step must fail with it, not the launch)."""
-        workers = self.node.store.worker_nodes(conn)
+        placement failed (the step must fail with it, not the launch). ``first``: a statement
+        that writes what the transaction must hold whatever happens here (its mastership) and
+        then reads the nodes, with its parameters: the read of the live workers."""
+        workers = self.node.store.worker_nodes(conn, read=first)
         if not workers:
             return
         began = time.monotonic()

@@ -371,20 +371,37 @@ class CoordinationStore:
 
         self.transaction(work, "deregister")
 
+    def select_nodes(self, status: str | None = NODE_ACTIVE) -> Any:
+        """The read of the registered nodes (in ``status``), built once."""
+        return self.prepared(("nodes", status), lambda: self.provider.select_nodes(status))
+
     def nodes(
-        self, status: str | None = NODE_ACTIVE, conn: Connection | None = None
+        self,
+        status: str | None = NODE_ACTIVE,
+        conn: Connection | None = None,
+        *,
+        read: tuple[Any, Mapping[str, Any]] | None = None,
     ) -> list[NodeInfo]:
-        """The registered nodes (in ``status``); read in ``conn``'s transaction if given."""
-        stmt = self.prepared(("nodes", status), lambda: self.provider.select_nodes(status))
-        rows = self._rows(stmt, "nodes") if conn is None else conn.execute(stmt).all()
+        """The registered nodes (in ``status``); read in ``conn``'s transaction if given, by
+        ``read`` (a statement that reads them as :meth:`select_nodes` does, after writes of its
+        own, with its parameters) if given."""
+        stmt = self.select_nodes(status)
+        if conn is None:
+            rows = self._rows(stmt, "nodes")
+        elif read is not None:
+            rows = conn.execute(read[0], read[1]).all()
+        else:
+            rows = conn.execute(stmt).all()
         return [
             NodeInfo(r.node_id, r.host, r.status, r.current_load, r.capacity, r.last_heartbeat)
             for r in rows
         ]
 
-    def worker_nodes(self, conn: Connection | None = None) -> list[NodeInfo]:
-        """ACTIVE nodes that take partitions."""
-        return [n for n in self.nodes(NODE_ACTIVE, conn) if n.capacity > 0]
+    def worker_nodes(
+        self, conn: Connection | None = None, *, read: tuple[Any, Mapping[str, Any]] | None = None
+    ) -> list[NodeInfo]:
+        """ACTIVE nodes that take partitions (``read``: see :meth:`nodes`)."""
+        return [n for n in self.nodes(NODE_ACTIVE, conn, read=read) if n.capacity > 0]
 
     # --- partitions (worker side) ---------------------------------------------------------------
 

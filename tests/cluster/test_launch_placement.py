@@ -66,6 +66,56 @@ def test_a_first_run_is_created_with_its_partitions(backend: Backend, make_clust
     assert row.worker_step_name == "ledger.worker" and row.master_epoch == 1
 
 
+def test_a_placed_first_run_writes_its_ownership_with_the_nodes_read(
+    backend: Backend, make_cluster: Any
+) -> None:
+    """Where the provider can put writes before a read (PostgreSQL), the launch's coordination
+    row and master history row go in the placement's read of the live nodes: a placed first
+    run makes no read of its own before its COMMIT."""
+    from sqlalchemy import event
+
+    from dbcluster.schema import job_masters
+
+    master = make_cluster(work=False)
+    make_cluster()
+    sent: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        sent.append(statement)
+
+    engine = master.repository.engine
+    with points.parked("master.after_create_execution") as park:
+        event.listen(engine, "before_cursor_execute", record)
+        try:
+            launch = in_thread(lambda: master.launch("ledger", {"run": 9}))
+            created = park.wait()[0]["job_execution"]
+        finally:
+            event.remove(engine, "before_cursor_execute", record)
+    launch["thread"].join(30)
+    assert launch["result"].status is BatchStatus.COMPLETED
+    owning = [s for s in sent if "INSERT INTO batch_job_coordination" in s]
+    assert len(owning) == 1, sent
+    if backend.name == "postgresql":
+        assert "FROM batch_nodes" in owning[0] and "batch_job_masters" in owning[0], owning
+        assert not [s for s in sent if s.lstrip().startswith("SELECT")], sent
+        # The instance with its execution and first step, the ownership with the nodes' read,
+        # the four partitions' step executions and their contexts, the partition rows.
+        assert len(sent) == 5, sent
+    with backend.engine.connect() as conn:
+        reasons = (
+            conn.execute(
+                select(job_masters.c.reason).where(job_masters.c.job_execution_id == created.id)
+            )
+            .scalars()
+            .all()
+        )
+        coordination = conn.execute(
+            select(job_coordination).where(job_coordination.c.job_execution_id == created.id)
+        ).one()
+    assert reasons[0] == "launched" and coordination.master_epoch == 1
+    assert coordination.worker_step_name == "ledger.worker"
+
+
 class _Tracer(BatchObserver):
     def trace_context(self, step_execution: Any) -> str | None:
         return None
