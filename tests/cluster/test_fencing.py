@@ -219,16 +219,16 @@ def test_a_transfer_waits_for_the_chunk_that_holds_its_partition(
         assert backend.provider.network_backend is False
         assert first.status is BatchStatus.COMPLETED
     else:
-        # The held chunk committed before the partition was failed: items 0-9, nothing after
-        # (on SQLite, whose lock is no queue, later chunks may also commit before the failing
-        # writer gets the lock; each once, and none after it: commits_out_of_order above).
+        # The held chunk committed before the partition was failed: items 0-9 at least, each
+        # once, and none after the failure (commits_out_of_order above). Later chunks may also
+        # commit first: SQLite's lock is no queue, and on PostgreSQL the failing UPDATE, woken
+        # by the held chunk's COMMIT, must lock the row's new version, which the worker's next
+        # chunk may lock before it (a waiter keeps no place in line across a committed update;
+        # seen 2 in 20 runs here before this session's changes as after them).
         assert moved == [1]
         assert first.status is BatchStatus.FAILED
         before = written(backend)
-        if backend.provider.network_backend:
-            assert before == Counter(range(10))
-        else:
-            assert len(before) >= 10 and before == Counter(range(len(before))), before
+        assert len(before) >= 10 and before == Counter(range(len(before))), before
         restarted = master.restart(first.id)
         assert restarted.status is BatchStatus.COMPLETED, restarted.exit_status
     assert written(backend) == Counter(range(ITEMS)), "an item was written twice or lost"
