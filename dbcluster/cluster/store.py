@@ -146,6 +146,17 @@ def offered_ids(payload: str) -> list[int]:
     return ids
 
 
+def _claim_binds() -> tuple[Any, ...]:
+    """The bind parameters of the one-statement claim (built once per statement, not per
+    claim)."""
+    return (
+        bindparam("b_node"),
+        bindparam("b_ids", expanding=True),
+        bindparam("b_started_at"),
+        bindparam("b_load"),
+    )
+
+
 def _placed_arrays(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Partition rows as the array parameters of ``insert_partitions_from_arrays``."""
     unknown = {name for row in rows for name in row} - set(PLACED_COLUMNS)
@@ -450,22 +461,16 @@ class CoordinationStore:
 
         # The whole claim in one statement that commits on its own, where the database can;
         # else a transaction of five.
-        binds = (
-            bindparam("b_node"),
-            bindparam("b_ids", expanding=True),
-            bindparam("b_started_at"),
-            bindparam("b_load"),
-        )
         claim_and_start = None
         if with_jobs:
             claim_and_start = self.prepared(
                 "claim and start, reading jobs",
-                lambda: provider.claim_and_start_reading_jobs(*binds),
+                lambda: provider.claim_and_start_reading_jobs(*_claim_binds()),
             )
             with_jobs = claim_and_start is not None
         if claim_and_start is None:
             claim_and_start = self.prepared(
-                "claim and start", lambda: provider.claim_and_start(*binds)
+                "claim and start", lambda: provider.claim_and_start(*_claim_binds())
             )
         # Compiled once for this many ids where it can be (see dbcluster.prebuilt): the text
         # SQLAlchemy would send, without its per-execution compilation of the IN list.
