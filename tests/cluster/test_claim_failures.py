@@ -132,10 +132,13 @@ def test_a_node_whose_claims_keep_failing_withdraws_and_its_work_runs_elsewhere(
     assert len(written) == len({r.partition_name for r in written}) == 8
     # Mended: the next claim it tries works, and it takes work again.
     state["broken"] = False
+    # Its capacity is written before the node drops its withdrawal (Worker._take_work_again):
+    # wait for both, not for the first alone.
     wait_for(
-        lambda: _capacity(backend, broken) == FAST_SETTINGS.concurrency_limit,
+        lambda: _capacity(backend, broken) == FAST_SETTINGS.concurrency_limit
+        and readiness(broken.node)[0],
         timeout=10,
-        what="the mended node to give its capacity back",
+        what="the mended node to give its capacity back and report ready",
     )
     assert readiness(broken.node)[0]
     assert healthy.launch("ledger", {"run": 2}).status is BatchStatus.COMPLETED
