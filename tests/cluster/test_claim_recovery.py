@@ -27,13 +27,31 @@ def _now() -> datetime:
     return datetime.now(UTC).replace(tzinfo=None)
 
 
-def _lock_waiters(engine: Engine) -> int:
+def _waits_on_a_lock(engine: Engine, pid: int) -> bool:
+    with engine.connect() as conn:
+        return bool(
+            conn.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE pid = :pid AND wait_event_type = 'Lock'"
+                ),
+                {"pid": pid},
+            ).scalar_one()
+        )
+
+
+def _waiting_on_nodes(engine: Engine) -> int:
+    """Statements on the node registry queued on a lock (the claim, the node's read-back that
+    touches its row). Only those count: a connection another test left waiting on some lock
+    would otherwise let the set-up go on before the claim it waits for has even started (seen
+    once in CI: the read-back then won, and the first statement found nothing left to claim)."""
     with engine.connect() as conn:
         return int(
             conn.execute(
                 text(
                     "SELECT count(*) FROM pg_stat_activity "
-                    "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                    "WHERE datname = current_database() AND wait_event_type = 'Lock' "
+                    "AND query LIKE '%batch_nodes%'"
                 )
             ).scalar_one()
         )
@@ -106,7 +124,8 @@ def test_a_claim_statement_that_outlives_its_connection_is_not_lost(backend: Bac
 
         ghost["thread"] = threading.Thread(target=run, daemon=True)
         ghost["thread"].start()
-        wait_for(lambda: _lock_waiters(engine) >= 1, what="the claim to wait on the node row")
+        pid = raw.driver_connection.info.backend_pid
+        wait_for(lambda: _waits_on_a_lock(engine, pid), what="the claim to wait on the node row")
         raise drop_connection(engine, cursor.connection)
 
     _on_claim(store, run_on_then_drop)
@@ -114,7 +133,7 @@ def test_a_claim_statement_that_outlives_its_connection_is_not_lost(backend: Bac
         heartbeat.begin()
         heartbeat.execute(update(nodes).where(nodes.c.node_id == "suite-me").values(current_load=9))
         claim = in_thread(lambda: store.claim("suite-me", 0, ids, _now()))
-        wait_for(lambda: _lock_waiters(engine) >= 2, what="the node's retry to queue behind it")
+        wait_for(lambda: _waiting_on_nodes(engine) >= 2, what="the node's retry to queue behind it")
         heartbeat.commit()
     claim["thread"].join(30)
     ghost["thread"].join(30)
