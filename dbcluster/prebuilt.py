@@ -206,6 +206,32 @@ class Prebuilt:
         return values
 
 
+class PrebuiltStatements:
+    """The prebuilt forms of statements built once (a launch's, which SQLAlchemy would look up
+    again on every launch), made on first use for one dialect; a statement that cannot run
+    prebuilt runs as usual. It holds each statement it saw: give it only statements that live
+    as long as their owner (built once, with bound parameters for what varies)."""
+
+    def __init__(self, dialect: Dialect) -> None:
+        self.dialect = dialect
+        self._built: dict[Any, Prebuilt | None] = {}
+
+    def rows(self, conn: Connection, statement: Any, params: Mapping[str, Any]) -> list[Any]:
+        """``statement``'s rows with ``params`` (as ``conn.execute(...).all()``; none for a
+        statement that returns none)."""
+        try:
+            built = self._built[statement]
+        except KeyError:
+            # Only a statement that returns rows: the driver's path reads them.
+            returns_rows = len(getattr(statement, "exported_columns", ())) > 0
+            built = Prebuilt.build(statement, self.dialect) if returns_rows else None
+            self._built[statement] = built
+        if built is None:
+            result = conn.execute(statement, params)
+            return list(result.all()) if result.returns_rows else []
+        return built.all(conn, params)
+
+
 def _direct(conn: Connection) -> bool:
     """Whether a statement may run on ``conn``'s driver cursor unseen (see the module)."""
     return (

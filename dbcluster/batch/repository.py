@@ -40,7 +40,7 @@ from dbcluster.batch.status import BatchStatus, ExitStatus
 from dbcluster.batch.transactions import RetryPolicy, Transactions
 from dbcluster.dialects.base import array_parameters
 from dbcluster.inlists import in_batches
-from dbcluster.prebuilt import Prebuilt
+from dbcluster.prebuilt import Prebuilt, PrebuiltStatements
 
 log = logging.getLogger(__name__)
 
@@ -494,6 +494,8 @@ class JobRepository:
         #: Builds a step's final write with its fence's guard in one statement (None: apart).
         self._fold = provider.fold_guard if provider.supports_writable_cte else None
         self._folded: dict[tuple[Any, bool], Any] = {}
+        #: The launch's statements above, prebuilt (see :mod:`dbcluster.prebuilt`).
+        self._prebuilt = PrebuiltStatements(engine.dialect)
 
     def step_version_is(
         self, execution: StepExecution, version: int
@@ -741,7 +743,8 @@ class JobRepository:
             }
         with self.transaction(conn) as c:
             if together is not None:
-                row = c.execute(
+                rows = self._prebuilt.rows(
+                    c,
                     together,
                     {
                         **values,
@@ -749,7 +752,8 @@ class JobRepository:
                         **array_parameters(parameters, _PARAMETER_COLUMNS),
                         **step_values,
                     },
-                ).first()
+                )
+                row = rows[0] if rows else None
                 if row is None:
                     if if_absent:
                         return None
@@ -982,11 +986,14 @@ class JobRepository:
                 shared = {k: v for k, v in rows[0].items() if k != "step_name"}
                 got = {
                     row[1]: int(row[0])
-                    for row in c.execute(insert_steps, {"a_step_name": names, **shared})
+                    for row in self._prebuilt.rows(
+                        c, insert_steps, {"a_step_name": names, **shared}
+                    )
                 }
                 ids = [got[name] for name in names]
                 folded = self._bulk_contexts_and_other if other else None
-                written = c.execute(
+                written = self._prebuilt.rows(
+                    c,
                     folded if folded is not None else insert_contexts,
                     {
                         "a_step_execution_id": ids,
@@ -995,13 +1002,13 @@ class JobRepository:
                     },
                 )
                 if folded is not None:
-                    other_written = int(written.first()[-1])
+                    other_written = int(written[0][-1])
             elif len(rows) == 1 and self._step_with_context is not None:
                 one = {**rows[0], **context_rows[0], **other}
                 folded = self._step_with_context_and_other if other else None
-                row = c.execute(
-                    folded if folded is not None else self._step_with_context, one
-                ).one()
+                (row,) = self._prebuilt.rows(
+                    c, folded if folded is not None else self._step_with_context, one
+                )
                 ids = [int(row[0])]
                 if folded is not None:
                     other_written = int(row[-1])

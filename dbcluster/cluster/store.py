@@ -45,7 +45,7 @@ from dbcluster.dialects.base import (
     array_parameters,
 )
 from dbcluster.inlists import in_batches
-from dbcluster.prebuilt import Prebuilt
+from dbcluster.prebuilt import Prebuilt, PrebuiltStatements
 from dbcluster.schema import job_coordination, job_execution, partitions
 
 log = logging.getLogger(__name__)
@@ -183,6 +183,8 @@ class CoordinationStore:
         #: in a transaction of ``engine``.
         self.autocommit = autocommit
         self._prepared: dict[Any, Any] = {}
+        #: The launch's statements of those, prebuilt (see :mod:`dbcluster.prebuilt`).
+        self._prebuilt = PrebuiltStatements(engine.dialect)
 
     # --- plumbing -------------------------------------------------------------------------------
 
@@ -400,7 +402,7 @@ class CoordinationStore:
         if conn is None:
             rows = self._rows(stmt, "nodes")
         elif read is not None:
-            rows = conn.execute(read[0], read[1]).all()
+            rows = self._prebuilt.rows(conn, read[0], read[1])
         else:
             rows = conn.execute(stmt).all()
         return [
@@ -966,7 +968,9 @@ class CoordinationStore:
             self.insert_partitions(conn, rows)
             self.wake_nodes(conn, placed.keys(), placed)
             return
-        conn.execute(together, {**_placed_arrays(rows), **self._offers(sorted(placed), placed)})
+        self._prebuilt.rows(
+            conn, together, {**_placed_arrays(rows), **self._offers(sorted(placed), placed)}
+        )
 
     def insert_partitions(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
         """Place PENDING partitions in the caller's transaction, at most the provider's

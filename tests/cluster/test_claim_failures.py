@@ -135,8 +135,10 @@ def test_a_node_whose_claims_keep_failing_withdraws_and_its_work_runs_elsewhere(
     # Its capacity is written before the node drops its withdrawal (Worker._take_work_again):
     # wait for both, not for the first alone.
     wait_for(
-        lambda: _capacity(backend, broken) == FAST_SETTINGS.concurrency_limit
-        and readiness(broken.node)[0],
+        lambda: (
+            _capacity(backend, broken) == FAST_SETTINGS.concurrency_limit
+            and readiness(broken.node)[0]
+        ),
         timeout=10,
         what="the mended node to give its capacity back and report ready",
     )

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Column, Integer, MetaData, Table, bindparam, insert, select
 
-from dbcluster.prebuilt import Prebuilt
+from dbcluster.prebuilt import Prebuilt, PrebuiltStatements
 from dbcluster.schema import Flag, ShortText
 from dbcluster.testing.backends import Backend
 
@@ -95,7 +95,7 @@ _DIRECT_CHECK = """
 import json, sys
 from sqlalchemy import Integer, bindparam, literal_column, select
 from dbcluster.dialects import make_engine
-from dbcluster.prebuilt import Prebuilt
+from dbcluster.prebuilt import Prebuilt, PrebuiltStatements
 
 engine = make_engine(sys.argv[1])
 statement = select(
@@ -282,7 +282,7 @@ _AUTOCOMMIT_CHECK = """
 import json, sys
 from sqlalchemy import MetaData, Table, Column, Integer, bindparam, insert, select, text
 from dbcluster.dialects import make_engine
-from dbcluster.prebuilt import Prebuilt
+from dbcluster.prebuilt import Prebuilt, PrebuiltStatements
 
 engine = make_engine(sys.argv[1], autocommit=True)
 table = Table("dbc_test_prebuilt", MetaData(), Column("id", Integer), Column("name", Integer))
@@ -341,3 +341,36 @@ def test_an_autocommit_connection_that_something_listens_to_goes_through_sqlalch
             assert conn.execute(select(table.c.id).order_by(table.c.id)).scalars().all() == [1, 2]
     finally:
         engine.dispose()
+
+
+def test_statements_built_once_run_prebuilt_and_those_without_rows_answer_none(
+    backend: Backend,
+) -> None:
+    """PrebuiltStatements (a launch's statements): a statement that returns rows reads them as
+    SQLAlchemy would, prebuilt once where it can be; one that returns none (an INSERT without
+    RETURNING) runs as usual and answers no rows, where the driver's path would fail to fetch."""
+    engine = backend.engine
+    statements = PrebuiltStatements(engine.dialect)
+    returning = (
+        insert(table)
+        .values(id=bindparam("b_id"), name=bindparam("b_name"), kind="fixed", flag=True)
+        .returning(table.c.id, table.c.name)
+    )
+    metadata.create_all(engine)
+    try:
+        with engine.begin() as conn:
+            assert statements.rows(conn, INSERT, {"b_id": 1, "b_name": "x", "b_flag": True}) == []
+            if engine.dialect.insert_returning:
+                rows = statements.rows(conn, returning, {"b_id": 2, "b_name": "a name too long"})
+                theirs = conn.execute(returning, {"b_id": 3, "b_name": "a name too long"}).one()
+                assert [tuple(r) for r in rows] == [(2, theirs.name)]  # clipped as SQLAlchemy
+                assert rows[0].name == theirs.name
+            rows = statements.rows(conn, READ, {"b_id": 1})
+            assert [(r.name, r.kind) for r in rows] == [("x", "fixed")]
+        named = engine.dialect.paramstyle in ("pyformat", "named")
+        assert (statements._built[READ] is not None) == (
+            named and Prebuilt.build(READ, engine.dialect) is not None
+        )
+        assert statements._built[INSERT] is None  # no rows: as usual
+    finally:
+        metadata.drop_all(engine)
