@@ -24,7 +24,7 @@ from dbcluster.batch.local import LocalPartitionHandler
 from dbcluster.batch.parameters import JobParameters, as_job_parameters
 from dbcluster.batch.partition import PartitionHandler
 from dbcluster.batch.registry import JobRegistry
-from dbcluster.batch.repository import JobRepository
+from dbcluster.batch.repository import JobRepository, Riders
 from dbcluster.batch.runtime import BatchRuntime
 from dbcluster.batch.status import BatchStatus
 
@@ -115,6 +115,7 @@ class JobLauncher:
         *,
         check: Callable[[Connection, list[JobExecution]], None] | None = None,
         existing: bool = False,
+        riders: Riders | None = None,
     ) -> JobExecution:
         """Check that the instance may start and create its new execution, already STARTED,
         in one transaction under the instance's row lock (so that concurrent launchers cannot
@@ -124,14 +125,18 @@ class JobLauncher:
         (newest first) in the same transaction; ``on_created(conn, execution)`` runs in it last
         (a cluster master records its mastership there, so no execution ever exists without an
         owner survivors can see). ``existing``: the caller knows the instance exists (a
-        restart), so the launch reads it first instead of trying to create it.
+        restart), so the launch reads it first instead of trying to create it. ``riders``: what
+        a first launch's creating statement also writes and reads where it can (see
+        :class:`~dbcluster.batch.repository.Riders`; ``on_created`` then sees their ``rows``).
         """
         job.validate_parameters(params)
         repository = self.repository
         made: list[JobExecution] = []
 
         def create(conn: Connection) -> JobExecution:
-            made[:] = [self._create(job, params, conn, on_created, context, check, existing)]
+            made[:] = [
+                self._create(job, params, conn, on_created, context, check, existing, riders)
+            ]
             return made[0]
 
         def created(conn: Connection) -> bool:
@@ -161,6 +166,7 @@ class JobLauncher:
         context: ExecutionContext | None,
         check: Callable[[Connection, list[JobExecution]], None] | None,
         existing: bool,
+        riders: Riders | None = None,
     ) -> JobExecution:
         repository = self.repository
         execution: JobExecution | None = None
@@ -179,6 +185,7 @@ class JobLauncher:
                 conn,
                 started=True,
                 first_step=first.name if first is not None else None,
+                riders=riders,
             )
         if execution is None:
             instance = repository.get_job_instance(job.name, params, conn)

@@ -11,8 +11,9 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
@@ -26,6 +27,7 @@ from sqlalchemy import (
     func,
     insert,
     select,
+    true,
     update,
 )
 from sqlalchemy.exc import IntegrityError
@@ -259,6 +261,47 @@ def _with_first_step(statement: Any | None) -> Any | None:
     # One row or none, as the execution's: a scalar subquery, not a second FROM.
     made_step = select(step.c.step_execution_id).scalar_subquery().label("first_step_id")
     return statement.add_cte(context.cte("dbc_step_context")).add_columns(made_step)
+
+
+@dataclass
+class Riders:
+    """What a first launch's creating statement also writes and reads, where the database can
+    put it in that statement (PostgreSQL's data-modifying CTEs): a cluster master's ownership
+    rows, and the read of the live nodes its placement starts with. One round trip fewer before
+    a partition can start.
+
+    ``build(execution_id, first_step_id, source)`` makes the INSERTs and the read: the INSERTs
+    take their values from ``source`` (the new execution's row, none where the instance existed:
+    they then write nothing) and may use the two column expressions (``first_step_id`` is None
+    where the statement creates no first step); the read (or None) is any SELECT whose rows come
+    back with the creation. It is called once per ``key``; ``params`` bind the rest. After the
+    launch, ``rows`` holds the read's rows (an empty list without a read) where they went with
+    the creating statement, or None where they did not (the caller writes and reads them
+    itself)."""
+
+    key: Hashable
+    build: Callable[[Any, Any, Any], tuple[Sequence[Any], Any | None]]
+    params: Mapping[str, Any]
+    rows: list[tuple[Any, ...]] | None = None
+
+
+def _with_riders(statement: Any, riders: Riders, first_step: bool) -> tuple[Any, int]:
+    """``statement`` (a new execution's, its id its first column; with ``first_step``, its
+    first step's id its last) also running ``riders``' writes, and returning their read's rows
+    joined to its own one row (none where it creates nothing; one with NULLs where the read
+    finds nothing). Returns it with the number of its own columns."""
+    columns = list(statement.selected_columns)
+    made = columns[0].table  # the execution's row, as the statement made it
+    step_id = columns[-1].element if first_step else None
+    writes, read = riders.build(made.c.job_execution_id, step_id, made)
+    if writes:
+        statement = statement.add_cte(*(w.cte(f"dbc_rider{i}") for i, w in enumerate(writes)))
+    if read is None:
+        return statement, len(columns)
+    # The statement's own CTEs stay at the top of the statement that embeds it.
+    created = statement.subquery("dbc_created")
+    found = read.subquery("dbc_read")
+    return select(created, found).select_from(created.outerjoin(found, true())), len(columns)
 
 
 def _new_step_row(
@@ -496,6 +539,9 @@ class JobRepository:
         self._folded: dict[tuple[Any, bool], Any] = {}
         #: The launch's statements above, prebuilt (see :mod:`dbcluster.prebuilt`).
         self._prebuilt = PrebuiltStatements(engine.dialect)
+        #: The creating statement with riders, per riders' key (see :class:`Riders`).
+        self._rides = provider.supports_writable_cte
+        self._ridden: dict[Any, tuple[Any, int]] = {}
 
     def step_version_is(
         self, execution: StepExecution, version: int
@@ -674,15 +720,24 @@ class JobRepository:
         *,
         started: bool = False,
         first_step: str | None = None,
+        riders: Riders | None = None,
     ) -> JobExecution | None:
         """As :meth:`create_instance_and_execution` in one statement, without reading first
         whether the instance exists: None, having written nothing, where it exists (one that
         another launcher is committing meanwhile is waited for, and counts once committed). Only
         where :attr:`creates_instance_if_absent`. ``first_step``: the statement creates that
         step's execution too (empty context; with ``started``, STARTED), as
-        :meth:`create_step_execution` would, left in the execution's ``prepared_steps``."""
+        :meth:`create_step_execution` would, left in the execution's ``prepared_steps``.
+        ``riders``: go in the same statement where the database can (see :class:`Riders`)."""
         return self._create_execution(
-            job_name, params, context, conn, started=started, if_absent=True, first_step=first_step
+            job_name,
+            params,
+            context,
+            conn,
+            started=started,
+            if_absent=True,
+            first_step=first_step,
+            riders=riders,
         )
 
     def _create_execution(
@@ -695,10 +750,11 @@ class JobRepository:
         started: bool,
         if_absent: bool = False,
         first_step: str | None = None,
+        riders: Riders | None = None,
     ) -> JobExecution | None:
         """``job_instance``: the instance, or the job's name when the statement creates it
         (``if_absent``: None, nothing written, where that instance exists; ``first_step``: and
-        that step's execution with it)."""
+        that step's execution with it; ``riders``: see :class:`Riders`)."""
         now = utcnow()
         context = context if context is not None else ExecutionContext()
         status = BatchStatus.STARTED if started else BatchStatus.STARTING
@@ -741,6 +797,16 @@ class JobRepository:
                     **_context_columns(step_text),
                 }.items()
             }
+        bound: Mapping[str, Any] = {}
+        ridden: tuple[Any, int] | None = None
+        if riders is not None:
+            riders.rows = None  # not from an earlier try of the same transaction
+        if if_absent and riders is not None and self._rides and together is not None:
+            ridden = self._ridden.get(riders.key)
+            if ridden is None:
+                ridden = _with_riders(together, riders, first_step is not None)
+                self._ridden[riders.key] = ridden
+            together, bound = ridden[0], riders.params
         with self.transaction(conn) as c:
             if together is not None:
                 rows = self._prebuilt.rows(
@@ -751,8 +817,16 @@ class JobRepository:
                         **_context_columns(text),
                         **array_parameters(parameters, _PARAMETER_COLUMNS),
                         **step_values,
+                        **bound,
                     },
                 )
+                if ridden is not None and riders is not None and rows:
+                    own = ridden[1]
+                    # The read's rows, without the one of NULLs where it found nothing.
+                    riders.rows = [
+                        tuple(r)[own:] for r in rows if len(r) > own and r[own] is not None
+                    ]
+                    rows = [tuple(r)[:own] for r in rows[:1]]
                 row = rows[0] if rows else None
                 if row is None:
                     if if_absent:

@@ -23,6 +23,7 @@ from dbcluster.batch.observe import observers
 from dbcluster.batch.parameters import JobParameters, as_job_parameters
 from dbcluster.batch.partition import PartitionStep
 from dbcluster.batch.registry import JobRegistry
+from dbcluster.batch.repository import Riders
 from dbcluster.cluster.assignment import AssignmentStrategy
 from dbcluster.cluster.handler import ClusterPartitionHandler
 from dbcluster.cluster.launches import LaunchStore
@@ -233,6 +234,28 @@ class Cluster(UnattendedRuns):
             coordination = provider.insert_coordination(*ids, *(at_step if pointing else ()))
             return coordination, provider.insert_master(ids[0], 1, ids[1], "launched")
 
+        def riders() -> Riders:
+            """The ownership rows (pointing at the partitioned step that a first run starts
+            with, when it places its partitions) and, when it places them in this transaction,
+            the live nodes' read, in the statement that creates the execution where the
+            database can: the launch's first round trip makes and reads all of it."""
+            pointing = placing is not None
+            read = pointing and later is None
+
+            def build(execution_id: Any, first_step_id: Any, source: Any) -> tuple[Any, Any]:
+                node = bindparam("b_node")
+                at_step = (COORD_STARTED, first_step_id, bindparam("b_worker_step"))
+                coordination = provider.insert_coordination(
+                    execution_id, node, *(at_step if pointing else ()), source=source
+                )
+                launched = provider.insert_master(execution_id, 1, node, "launched", source=source)
+                return [coordination, launched], store.select_nodes() if read else None
+
+            params = {"b_node": identity.node_id}
+            if placing is not None:
+                params["b_worker_step"] = placing.worker_step.name
+            return Riders(("own execution", pointing, read), build, params)
+
         def owned_then_nodes() -> Any | None:
             """The coordination row (pointing at the placed step) and the master history row,
             then the live nodes' read the placement starts with: one statement where the
@@ -247,12 +270,17 @@ class Cluster(UnattendedRuns):
             master = execution.prepared_steps.get(placing.name) if placing else None
             if placing is not None and master is not None:
                 row.update(b_master=master.id, b_worker_step=placing.worker_step.name)
-            # Placing in this transaction: the ownership is written in the placement's first
-            # statement, which reads the live nodes, where the provider can.
-            first = owned_then_nodes() if master is not None and later is None else None
-            if first is None:
-                for stmt in owner("b_master" in row):
-                    conn.execute(stmt, row)
+            # The ownership went with the creating statement (and the nodes' read, when placing
+            # here), where the repository could put it there; else, placing in this
+            # transaction, it goes in the placement's first statement, which reads the live
+            # nodes, where the provider can.
+            found = ridden[0].rows if ridden[0] is not None else None
+            first = None
+            if found is None:
+                first = owned_then_nodes() if master is not None and later is None else None
+                if first is None:
+                    for stmt in owner("b_master" in row):
+                        conn.execute(stmt, row)
             if on_created is not None:
                 on_created(conn, execution)
             execution.fence = Mastership(store, execution.id, identity)
@@ -265,11 +293,16 @@ class Cluster(UnattendedRuns):
                         self.launcher.runtime,
                         execution.fence,
                         first=None if first is None else (first, row),
+                        found=found,
                     )
                 else:
                     master.prepared = later.planned
 
+        ridden: list[Riders | None] = [None]
+
         def create() -> JobExecution:
+            # A restart reads its instance first: nothing rides on a statement it does not make.
+            ridden[0] = None if existing or after is not None else riders()
             return self.launcher.create_execution(
                 job,
                 params,
@@ -277,6 +310,7 @@ class Cluster(UnattendedRuns):
                 context=context,
                 check=check,
                 existing=existing or after is not None,
+                riders=ridden[0],
             )
 
         later: PlaceLater | None = None

@@ -6,7 +6,7 @@ execution (see :meth:`dbcluster.cluster.app.Cluster.create_execution`)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -147,6 +147,7 @@ class Placer:
         mastership: Mastership,
         *,
         first: tuple[Any, Mapping[str, Any]] | None = None,
+        found: Sequence[Sequence[Any]] | None = None,
     ) -> None:
         """Place a first run's partitions in the transaction that creates its job execution (see
         :meth:`Cluster.create_execution`), so that one COMMIT makes them visible: read the live
@@ -161,8 +162,9 @@ class Placer:
         (``idle_transaction_timeout``), this node was fenced meanwhile, or a statement of the
         placement failed (the step must fail with it, not the launch). ``first``: a statement
         that writes what the transaction must hold whatever happens here (its mastership) and
-        then reads the nodes, with its parameters: the read of the live workers."""
-        workers = self.node.store.worker_nodes(conn, read=first)
+        then reads the nodes, with its parameters: the read of the live workers. ``found``:
+        that read's rows where the statement that created the execution made it."""
+        workers = self.node.store.worker_nodes(conn, read=first, found=found)
         if not workers:
             return
         began = time.monotonic()

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from types import SimpleNamespace
 from typing import Any, TypeVar
 
 from sqlalchemy import Engine, bindparam, select
@@ -394,12 +395,19 @@ class CoordinationStore:
         conn: Connection | None = None,
         *,
         read: tuple[Any, Mapping[str, Any]] | None = None,
+        found: Sequence[Sequence[Any]] | None = None,
     ) -> list[NodeInfo]:
         """The registered nodes (in ``status``); read in ``conn``'s transaction if given, by
         ``read`` (a statement that reads them as :meth:`select_nodes` does, after writes of its
-        own, with its parameters) if given."""
+        own, with its parameters) if given; ``found``: the rows of :meth:`select_nodes`' read
+        that another statement made (no read here)."""
         stmt = self.select_nodes(status)
-        if conn is None:
+        if found is not None:
+            # Rows of that read made by another statement (a launch's creating one): by name.
+            names = [column.key for column in stmt.selected_columns]
+            rows = [SimpleNamespace(**dict(zip(names, r, strict=True))) for r in found]
+            rows.sort(key=lambda r: r.node_id)  # as the read orders them
+        elif conn is None:
             rows = self._rows(stmt, "nodes")
         elif read is not None:
             rows = self._prebuilt.rows(conn, read[0], read[1])
@@ -411,10 +419,14 @@ class CoordinationStore:
         ]
 
     def worker_nodes(
-        self, conn: Connection | None = None, *, read: tuple[Any, Mapping[str, Any]] | None = None
+        self,
+        conn: Connection | None = None,
+        *,
+        read: tuple[Any, Mapping[str, Any]] | None = None,
+        found: Sequence[Sequence[Any]] | None = None,
     ) -> list[NodeInfo]:
-        """ACTIVE nodes that take partitions (``read``: see :meth:`nodes`)."""
-        return [n for n in self.nodes(NODE_ACTIVE, conn, read=read) if n.capacity > 0]
+        """ACTIVE nodes that take partitions (``read``, ``found``: see :meth:`nodes`)."""
+        return [n for n in self.nodes(NODE_ACTIVE, conn, read=read, found=found) if n.capacity > 0]
 
     # --- partitions (worker side) ---------------------------------------------------------------
 

@@ -43,7 +43,7 @@ from sqlalchemy.engine import URL, Connection, Dialect
 from sqlalchemy.engine.default import DefaultDialect
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.schema import CreateIndex, CreateTable
-from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.elements import BindParameter, ClauseElement, ColumnElement
 from sqlalchemy.types import TypeEngine
 
 from dbcluster import schema
@@ -144,6 +144,36 @@ class Listener(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def insert_from(table: Table, values: Mapping[str, Any], source: Any | None) -> Insert:
+    """An INSERT of one row of ``values``; with ``source`` (a FROM clause of at most one row:
+    a statement's CTE), an INSERT ... SELECT of those values from it, which ``values`` may
+    take columns of and which writes nothing where ``source`` has no row (a launch's ownership
+    rows in the statement that creates the execution, where its instance existed)."""
+    if source is None:
+        return insert(table).values(**values)
+    return insert(table).from_select(
+        list(values),
+        select(*(_typed(table.c[name].type, value) for name, value in values.items())).select_from(
+            source
+        ),
+    )
+
+
+def _typed(type_: TypeEngine[Any], value: Any) -> Any:
+    """``value`` as a column of a SELECT that fills a column of ``type_``: a constant or an
+    untyped bound parameter takes that type (in a SELECT list the server would read an untyped
+    parameter as text)."""
+    if isinstance(value, BindParameter):
+        if value.type._isnull:
+            if value.required:
+                return bindparam(value.key, type_=type_)
+            return literal(value.value, type_=type_)
+        return value
+    if isinstance(value, ClauseElement):
+        return value
+    return literal(value, type_=type_)
 
 
 class QueryProvider:
@@ -1506,15 +1536,26 @@ class QueryProvider:
         )
 
     def insert_master(
-        self, job_execution_id: int, epoch: int, master_node: str, reason: str
+        self,
+        job_execution_id: Any,
+        epoch: int,
+        master_node: Any,
+        reason: str,
+        *,
+        source: Any | None = None,
     ) -> Insert:
-        """One row of a job execution's master history."""
-        return insert(job_masters).values(
-            job_execution_id=job_execution_id,
-            master_epoch=epoch,
-            master_node=master_node,
-            reason=reason,
-            since=self.now(),
+        """One row of a job execution's master history (``source``: see
+        :func:`insert_from`)."""
+        return insert_from(
+            job_masters,
+            {
+                "job_execution_id": job_execution_id,
+                "master_epoch": epoch,
+                "master_node": master_node,
+                "reason": reason,
+                "since": self.now(),
+            },
+            source,
         )
 
     def select_partition_counts(self, master_step_execution_id: int) -> Select[Any]:
@@ -1546,23 +1587,30 @@ class QueryProvider:
 
     def insert_coordination(
         self,
-        job_execution_id: int,
-        master_node: str,
+        job_execution_id: Any,
+        master_node: Any,
         status: str = COORD_CREATED,
-        master_step_execution_id: int = 0,
-        worker_step_name: str = "-",
+        master_step_execution_id: Any = 0,
+        worker_step_name: Any = "-",
+        *,
+        source: Any | None = None,
     ) -> Insert:
         """The row that makes a node the master of an execution, epoch 1. Written in the
-        transaction that creates the execution, so no execution exists without an owner."""
-        return insert(job_coordination).values(
-            job_execution_id=job_execution_id,
-            master_node=master_node,
-            master_epoch=1,
-            master_step_execution_id=master_step_execution_id,
-            worker_step_name=worker_step_name,
-            status=status,
-            created_time=self.now(),
-            updated_time=self.now(),
+        transaction that creates the execution, so no execution exists without an owner.
+        ``source``: see :func:`insert_from`."""
+        return insert_from(
+            job_coordination,
+            {
+                "job_execution_id": job_execution_id,
+                "master_node": master_node,
+                "master_epoch": 1,
+                "master_step_execution_id": master_step_execution_id,
+                "worker_step_name": worker_step_name,
+                "status": status,
+                "created_time": self.now(),
+                "updated_time": self.now(),
+            },
+            source,
         )
 
     def _mastership(

@@ -66,12 +66,13 @@ def test_a_first_run_is_created_with_its_partitions(backend: Backend, make_clust
     assert row.worker_step_name == "ledger.worker" and row.master_epoch == 1
 
 
-def test_a_placed_first_run_writes_its_ownership_with_the_nodes_read(
+def test_a_placed_first_run_owns_and_reads_the_nodes_in_the_statement_that_creates_it(
     backend: Backend, make_cluster: Any
 ) -> None:
-    """Where the provider can put writes before a read (PostgreSQL), the launch's coordination
-    row and master history row go in the placement's read of the live nodes: a placed first
-    run makes no read of its own before its COMMIT."""
+    """Where the database has data-modifying CTEs (PostgreSQL), the launch's coordination row,
+    its master history row and the placement's read of the live nodes go in the statement that
+    creates the instance, the execution and its first step: a placed first run makes no read
+    of its own, and three statements before its COMMIT."""
     from sqlalchemy import event
 
     from dbcluster.schema import job_masters
@@ -97,10 +98,11 @@ def test_a_placed_first_run_writes_its_ownership_with_the_nodes_read(
     assert len(owning) == 1, sent
     if backend.name == "postgresql":
         assert "FROM batch_nodes" in owning[0] and "batch_job_masters" in owning[0], owning
+        assert "INSERT INTO batch_job_instance" in owning[0], owning
         assert not [s for s in sent if s.lstrip().startswith("SELECT")], sent
-        # The instance with its execution and first step, the ownership with the nodes' read,
-        # the four partitions' step executions and their contexts, the partition rows.
-        assert len(sent) == 5, sent
+        # The instance with its execution, first step, ownership and the nodes' read; the four
+        # partitions' step executions and their contexts; the partition rows.
+        assert len(sent) == 4, sent
     with backend.engine.connect() as conn:
         reasons = (
             conn.execute(
@@ -114,6 +116,72 @@ def test_a_placed_first_run_writes_its_ownership_with_the_nodes_read(
         ).one()
     assert reasons[0] == "launched" and coordination.master_epoch == 1
     assert coordination.worker_step_name == "ledger.worker"
+
+
+def _owner(backend: Backend, job_execution_id: int) -> tuple[Any, list[str]]:
+    from dbcluster.schema import job_masters
+
+    with backend.engine.connect() as conn:
+        coordination = conn.execute(
+            select(job_coordination).where(job_coordination.c.job_execution_id == job_execution_id)
+        ).one()
+        reasons = (
+            conn.execute(
+                select(job_masters.c.reason).where(
+                    job_masters.c.job_execution_id == job_execution_id
+                )
+            )
+            .scalars()
+            .all()
+        )
+    return coordination, list(reasons)
+
+
+def test_a_launch_whose_instance_exists_owns_its_execution_by_statements_of_its_own(
+    backend: Backend, make_cluster: Any
+) -> None:
+    """The creating statement writes nothing where the instance exists (its last run failed):
+    nothing rode on it, so the launch writes its ownership itself, and the step places its
+    partitions once the job runs. A job that starts with a step the master runs owns its
+    execution too (in its creating statement where the database can)."""
+    calls: list[int] = []
+
+    def fails_once(grid_size: int) -> dict[str, Any]:
+        calls.append(grid_size)
+        if len(calls) == 1:
+            raise ValueError("no input file yet")
+        return {f"p{i}": {"lo": i, "hi": i + 1} for i in range(3)}
+
+    registry = build_registry()
+    registry.register(
+        Job(
+            "again",
+            [
+                PartitionStep(
+                    "again.master",
+                    TaskletStep("again.worker", ledger_tasklet),
+                    FunctionPartitioner(fails_once),
+                )
+            ],
+        )
+    )
+    master = make_cluster(work=False, registry=registry)
+    make_cluster(registry=registry)
+    failed = master.launch("again", {"run": 1})
+    assert failed.status is BatchStatus.FAILED
+    placed, second = _placed_when_created(backend, master, "again", 1)
+    assert second.status is BatchStatus.COMPLETED and second.id != failed.id
+    assert second.job_instance.id == failed.job_instance.id
+    # An instance that ran before places after its job starts (a restart may skip steps).
+    assert placed == 0
+    for execution in (failed, second):
+        coordination, reasons = _owner(backend, execution.id)
+        assert coordination.master_epoch == 1 and reasons == ["launched"]
+    assert _owner(backend, second.id)[0].worker_step_name == "again.worker"
+    chunks = master.launch("ledger-chunks", {"run": 1})
+    assert chunks.status is BatchStatus.COMPLETED
+    coordination, reasons = _owner(backend, chunks.id)
+    assert coordination.master_epoch == 1 and reasons == ["launched"]
 
 
 class _Tracer(BatchObserver):
