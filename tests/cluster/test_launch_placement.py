@@ -118,23 +118,26 @@ def test_a_placed_first_run_owns_and_reads_the_nodes_in_the_statement_that_creat
     assert coordination.worker_step_name == "ledger.worker"
 
 
+def _with_partitioned_job(name: str, partition: Any) -> Any:
+    """The test registry with job ``name``: one partitioned step whose partitions come from
+    ``partition(grid_size)``."""
+    registry = build_registry()
+    worker = TaskletStep(f"{name}.worker", ledger_tasklet)
+    step = PartitionStep(f"{name}.master", worker, FunctionPartitioner(partition))
+    registry.register(Job(name, [step]))
+    return registry
+
+
 def _owner(backend: Backend, job_execution_id: int) -> tuple[Any, list[str]]:
+    """The execution's coordination row and the reasons of its master history."""
     from dbcluster.schema import job_masters
 
+    owned = job_coordination.c.job_execution_id == job_execution_id
+    history = select(job_masters.c.reason).where(job_masters.c.job_execution_id == job_execution_id)
     with backend.engine.connect() as conn:
-        coordination = conn.execute(
-            select(job_coordination).where(job_coordination.c.job_execution_id == job_execution_id)
-        ).one()
-        reasons = (
-            conn.execute(
-                select(job_masters.c.reason).where(
-                    job_masters.c.job_execution_id == job_execution_id
-                )
-            )
-            .scalars()
-            .all()
-        )
-    return coordination, list(reasons)
+        coordination = conn.execute(select(job_coordination).where(owned)).one()
+        reasons = list(conn.execute(history).scalars().all())
+    return coordination, reasons
 
 
 def test_a_launch_whose_instance_exists_owns_its_execution_by_statements_of_its_own(
@@ -152,19 +155,7 @@ def test_a_launch_whose_instance_exists_owns_its_execution_by_statements_of_its_
             raise ValueError("no input file yet")
         return {f"p{i}": {"lo": i, "hi": i + 1} for i in range(3)}
 
-    registry = build_registry()
-    registry.register(
-        Job(
-            "again",
-            [
-                PartitionStep(
-                    "again.master",
-                    TaskletStep("again.worker", ledger_tasklet),
-                    FunctionPartitioner(fails_once),
-                )
-            ],
-        )
-    )
+    registry = _with_partitioned_job("again", fails_once)
     master = make_cluster(work=False, registry=registry)
     make_cluster(registry=registry)
     failed = master.launch("again", {"run": 1})
@@ -236,19 +227,7 @@ def test_a_partitioner_that_fails_fails_the_job_once(backend: Backend, make_clus
         calls.append(grid_size)
         raise ValueError("no input file")
 
-    registry = build_registry()
-    registry.register(
-        Job(
-            "broken",
-            [
-                PartitionStep(
-                    "broken.master",
-                    TaskletStep("broken.worker", ledger_tasklet),
-                    FunctionPartitioner(broken),
-                )
-            ],
-        )
-    )
+    registry = _with_partitioned_job("broken", broken)
     master = make_cluster(work=False, registry=registry)
     make_cluster(registry=registry)
     execution = master.launch("broken", {"run": 1})
