@@ -17,6 +17,7 @@ from dbcluster.batch.status import EXIT_NODE_LOST, BatchStatus, ExitStatus
 from dbcluster.batch.step import Step
 
 if TYPE_CHECKING:
+    from dbcluster.batch.repository import Riders
     from dbcluster.batch.runtime import BatchRuntime
 
 log = logging.getLogger(__name__)
@@ -205,6 +206,8 @@ class PartitionStep(Step):
         runtime: BatchRuntime,
         conn: Connection | None = None,
         planned: Mapping[str, ExecutionContext | Mapping[str, Any]] | None = None,
+        riders_for: Callable[[list[tuple[str, ExecutionContext, bool]]], Riders | None]
+        | None = None,
     ) -> list[PartitionWork]:
         """Create the partition step executions (on a restart: only the not-COMPLETED ones, with
         their previous names and contexts) and return them.
@@ -213,6 +216,9 @@ class PartitionStep(Step):
         committed here. The partitioner is not given ``conn``: on SQLite, where a transaction holds
         the write lock, a partitioner that reads the database through its own connection waits
         for ``conn``'s transaction, so call :meth:`plan` first and pass its result as ``planned``.
+        ``riders_for(partitions)``: what the statement that creates the step executions also
+        writes and reads (see :class:`~dbcluster.batch.repository.Riders`), given each
+        partition's name, context and transferability; or None.
         """
         repository = runtime.repository
         job_execution = master.job_execution
@@ -248,6 +254,19 @@ class PartitionStep(Step):
             log.info(
                 "restarting %d of %d partitions of step %s", len(pending), len(names), self.name
             )
+        transferable = [
+            bool(
+                self.partitioner.is_transferable(name, ctx)
+                if hasattr(self.partitioner, "is_transferable")
+                else True
+            )
+            for name, ctx in pending
+        ]
+        riders = None
+        if riders_for is not None:
+            riders = riders_for(
+                [(name, ctx, t) for (name, ctx), t in zip(pending, transferable, strict=True)]
+            )
         # The master's context (naming its partitions, on a first run) in the statement that
         # creates them where the database can.
         created = repository.create_step_executions(
@@ -255,18 +274,11 @@ class PartitionStep(Step):
             [(self.execution_name(n), ctx) for n, ctx in pending],
             conn,
             context_of=master if master.execution_context.dirty else None,
+            riders=riders,
         )
         return [
-            PartitionWork(
-                name=name,
-                step_execution=se,
-                transferable=bool(
-                    self.partitioner.is_transferable(name, se.execution_context)
-                    if hasattr(self.partitioner, "is_transferable")
-                    else True
-                ),
-            )
-            for (name, _), se in zip(pending, created, strict=True)
+            PartitionWork(name=name, step_execution=se, transferable=t)
+            for (name, _), se, t in zip(pending, created, transferable, strict=True)
         ]
 
     def do_execute(self, step_execution: StepExecution, runtime: BatchRuntime) -> None:

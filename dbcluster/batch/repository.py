@@ -265,19 +265,20 @@ def _with_first_step(statement: Any | None) -> Any | None:
 
 @dataclass
 class Riders:
-    """What a first launch's creating statement also writes and reads, where the database can
-    put it in that statement (PostgreSQL's data-modifying CTEs): a cluster master's ownership
-    rows, and the read of the live nodes its placement starts with. One round trip fewer before
-    a partition can start.
+    """What a statement that creates a row also writes and reads, where the database can put it
+    in that statement (PostgreSQL's data-modifying CTEs): a cluster master's ownership rows and
+    the read of the live nodes its placement starts with, in a first launch's creating
+    statement; a lone partition's row and its wake-up, in the statement that creates its step
+    execution. Each is a round trip fewer before a partition can start.
 
-    ``build(execution_id, first_step_id, source)`` makes the INSERTs and the read: the INSERTs
-    take their values from ``source`` (the new execution's row, none where the instance existed:
-    they then write nothing) and may use the two column expressions (``first_step_id`` is None
-    where the statement creates no first step); the read (or None) is any SELECT whose rows come
-    back with the creation. It is called once per ``key``; ``params`` bind the rest. After the
-    launch, ``rows`` holds the read's rows (an empty list without a read) where they went with
-    the creating statement, or None where they did not (the caller writes and reads them
-    itself)."""
+    ``build(new_id, first_step_id, source)`` makes the INSERTs and the read: the INSERTs take
+    their values from ``source`` (the new row, none where the statement created nothing: they
+    then write nothing) and may use the two column expressions (the new row's id;
+    ``first_step_id``, a new execution's first step's, is None where there is none); the read
+    (or None) is any SELECT whose rows come back with the creation. It is called once per
+    ``key``; ``params`` bind the rest. Afterwards, ``rows`` holds the read's rows (an empty list
+    without a read) where they went with the creating statement, or None where they did not
+    (the caller writes and reads them itself)."""
 
     key: Hashable
     build: Callable[[Any, Any, Any], tuple[Sequence[Any], Any | None]]
@@ -286,14 +287,15 @@ class Riders:
 
 
 def _with_riders(statement: Any, riders: Riders, first_step: bool) -> tuple[Any, int]:
-    """``statement`` (a new execution's, its id its first column; with ``first_step``, its
-    first step's id its last) also running ``riders``' writes, and returning their read's rows
-    joined to its own one row (none where it creates nothing; one with NULLs where the read
-    finds nothing). Returns it with the number of its own columns."""
+    """``statement`` (a new row's: a job execution's or a step execution's, its id its first
+    column; with ``first_step``, the execution's first step's id its last) also running
+    ``riders``' writes, and returning their read's rows joined to its own one row (none where
+    it creates nothing; one with NULLs where the read finds nothing). Returns it with the
+    number of its own columns."""
     columns = list(statement.selected_columns)
-    made = columns[0].table  # the execution's row, as the statement made it
+    made = columns[0].table  # the new row, as the statement made it
     step_id = columns[-1].element if first_step else None
-    writes, read = riders.build(made.c.job_execution_id, step_id, made)
+    writes, read = riders.build(columns[0], step_id, made)
     if writes:
         statement = statement.add_cte(*(w.cte(f"dbc_rider{i}") for i, w in enumerate(writes)))
     if read is None:
@@ -1028,12 +1030,17 @@ class JobRepository:
         *,
         started: bool = False,
         context_of: StepExecution | None = None,
+        riders: Riders | None = None,
     ) -> list[StepExecution]:
         """Insert many step executions (e.g. a step's partitions) and their contexts in bulk;
         with ``started``, already STARTED (``start_recorded``: the step writes no start).
         ``context_of``: also write that step execution's context, as
         :meth:`update_step_execution_context` does (in the same statement where the database
-        can: a partitioned step's own context, naming its partitions)."""
+        can: a partitioned step's own context, naming its partitions). ``riders``: for one step
+        execution, go in the statement that creates it where the database can (see
+        :class:`Riders`)."""
+        if riders is not None:
+            riders.rows = None  # not from an earlier try of the same transaction
         if not steps:
             if context_of is not None:
                 self.update_step_execution_context(context_of, conn)
@@ -1080,9 +1087,21 @@ class JobRepository:
             elif len(rows) == 1 and self._step_with_context is not None:
                 one = {**rows[0], **context_rows[0], **other}
                 folded = self._step_with_context_and_other if other else None
-                (row,) = self._prebuilt.rows(
-                    c, folded if folded is not None else self._step_with_context, one
-                )
+                statement = folded if folded is not None else self._step_with_context
+                ridden: tuple[Any, int] | None = None
+                if riders is not None and self._rides:
+                    key = (riders.key, folded is not None)
+                    ridden = self._ridden.get(key)
+                    if ridden is None:
+                        ridden = self._ridden[key] = _with_riders(statement, riders, False)
+                    statement = ridden[0]
+                    one.update(riders.params)
+                made = self._prebuilt.rows(c, statement, one)
+                if riders is not None and ridden is not None:
+                    own = ridden[1]
+                    riders.rows = [tuple(r)[own:] for r in made if r[own] is not None]
+                    made = [tuple(made[0])[:own]]
+                (row,) = made
                 ids = [int(row[0])]
                 if folded is not None:
                     other_written = int(row[-1])

@@ -15,6 +15,7 @@ from sqlalchemy import Connection
 from dbcluster.batch.domain import StepExecution
 from dbcluster.batch.exceptions import BatchError
 from dbcluster.batch.observe import observers
+from dbcluster.batch.repository import Riders
 from dbcluster.cluster.assignment import AssignmentStrategy
 from dbcluster.cluster.mastership import Mastership
 from dbcluster.cluster.patience import patiently
@@ -112,26 +113,47 @@ class Placer:
         store = self.node.store
         if not pointed:
             mastership.place(conn, master.id, step.worker_step.name)
-        works = step.split(master, len(workers), runtime, conn, planned=planned)
-        placement = self.strategy.assign([w.name for w in works], workers) if works else {}
         traced = {"trace_context": tc} if (tc := observers.trace_context(master)) else {}
+        chosen: dict[str, str] = {}
+
+        def row(name: str, transferable: bool) -> dict[str, Any]:
+            return {
+                "job_execution_id": master.job_execution.id,
+                "master_step_execution_id": master.id,
+                "partition_name": name,
+                "assigned_node": chosen[name],
+                "transferable": transferable,
+                "max_attempts": step.max_attempts if transferable else 1,
+                **traced,
+            }
+
+        riding: list[Riders] = []
+
+        def placing_one(pending: list[tuple[str, Any, bool]]) -> Riders | None:
+            """A lone partition is placed (and its node woken) by the statement that creates
+            its step execution, where the database can: one round trip fewer."""
+            if len(pending) != 1:
+                return None
+            name, _, transferable = pending[0]
+            chosen.update(self.strategy.assign([name], workers))
+            riders = store.placing_one(row(name, transferable))
+            riding.extend([riders] if riders is not None else [])
+            return riders
+
+        works = step.split(
+            master, len(workers), runtime, conn, planned=planned, riders_for=placing_one
+        )
+        if works and not chosen:
+            chosen.update(self.strategy.assign([w.name for w in works], workers))
+        placement = {w.name: chosen[w.name] for w in works}
         placed_on: dict[str, list[int]] = {}
         for w in works:
             placed_on.setdefault(placement[w.name], []).append(w.step_execution.id)
-        if works:
+        if works and not (riding and riding[0].rows is not None):
             store.place_partitions(
                 conn,
                 [
-                    {
-                        "step_execution_id": w.step_execution.id,
-                        "job_execution_id": master.job_execution.id,
-                        "master_step_execution_id": master.id,
-                        "partition_name": w.name,
-                        "assigned_node": placement[w.name],
-                        "transferable": w.transferable,
-                        "max_attempts": step.max_attempts if w.transferable else 1,
-                        **traced,
-                    }
+                    {"step_execution_id": w.step_execution.id, **row(w.name, w.transferable)}
                     for w in works
                 ],
                 placed_on,

@@ -25,12 +25,12 @@ from datetime import datetime
 from types import SimpleNamespace
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, bindparam, select
+from sqlalchemy import Engine, Text, bindparam, cast, select
 from sqlalchemy.engine import Connection, RowMapping
 
 from dbcluster.batch.domain import utcnow
 from dbcluster.batch.fence import Fence, hold
-from dbcluster.batch.repository import JobRepository
+from dbcluster.batch.repository import JobRepository, Riders
 from dbcluster.batch.status import EXIT_ABANDONED, EXIT_NODE_LOST, BatchStatus
 from dbcluster.dialects import QueryProvider, get_provider
 from dbcluster.dialects.base import (
@@ -983,6 +983,34 @@ class CoordinationStore:
         self._prebuilt.rows(
             conn, together, {**_placed_arrays(rows), **self._offers(sorted(placed), placed)}
         )
+
+    def placing_one(self, row: Mapping[str, Any]) -> Riders | None:
+        """A lone partition's row and the wake-up of its node, to go in the statement that
+        creates its step execution (see :class:`~dbcluster.batch.repository.Riders`): ``row``
+        as :meth:`place_partitions` takes one, without its step execution's id. None where the
+        database cannot wake a node from that statement (the partition is then placed by
+        :meth:`place_partitions`)."""
+        provider = self.provider
+        if not (
+            provider.supports_writable_cte
+            and provider.supports_listen_notify
+            and provider.notify_payload_max
+        ):
+            return None
+
+        def build(step_execution_id: Any, _first_step: Any, source: Any) -> tuple[Any, Any]:
+            placed = provider.insert_partition_from(source, step_execution_id)
+            # The payload names the one partition, as offer_payload would.
+            payload = cast(step_execution_id, Text())
+            wake = provider.notify_from(source, bindparam("b_channel"), payload)
+            assert wake is not None, f"{provider.name} wakes nodes, but not from a statement"
+            return [placed], wake
+
+        params: dict[str, Any] = {f"b_{name}": None for name in PLACED_COLUMNS}
+        params.update({f"b_{name}": value for name, value in row.items()})
+        params["b_channel"] = provider.wake_channel(row["assigned_node"])
+        del params["b_step_execution_id"]
+        return Riders("place one, notified", build, params)
 
     def insert_partitions(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
         """Place PENDING partitions in the caller's transaction, at most the provider's

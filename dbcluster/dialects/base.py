@@ -929,6 +929,17 @@ class QueryProvider:
         ``last_updated`` come from the database clock."""
         return insert(partitions).values(**self._placed_values())
 
+    def insert_partition_from(self, source: Any, step_execution_id: Any) -> Insert:
+        """One PENDING partition row as :meth:`insert_partitions` writes it, in the statement
+        that creates its step execution: ``step_execution_id`` an expression of ``source`` (that
+        statement's new row; see :func:`insert_from`), the other :data:`PLACED_COLUMNS` bound as
+        ``b_<column>``."""
+        values: dict[str, Any] = {
+            name: bindparam(f"b_{name}") for name in PLACED_COLUMNS if name != "step_execution_id"
+        }
+        values.update(step_execution_id=step_execution_id, **self._placed_values())
+        return insert_from(partitions, values, source)
+
     def insert_partitions_from_arrays(self) -> Insert | None:
         """:meth:`insert_partitions` as one statement for many rows, their
         :data:`PLACED_COLUMNS` passed as arrays (:meth:`insert_from_arrays`), or None."""
@@ -1398,6 +1409,12 @@ class QueryProvider:
     def notify_parameter(self, name: str) -> Any:
         """The bound parameter :meth:`notify` takes its list of channels (or payloads) in."""
         raise NotImplementedError(f"{self.name} has no LISTEN/NOTIFY")
+
+    def notify_from(self, source: Any, channel: Any, payload: Any) -> Select[Any] | None:
+        """A read that wakes ``channel`` with ``payload`` (expressions of ``source``, a
+        statement's new row) once per row of ``source``, for a statement that places one
+        partition as it creates its step execution; None where the database cannot."""
+        return None
 
     def together_all(self, writes: Sequence[Insert], then: Any) -> Any | None:
         """As :meth:`together`, for several INSERTs before ``then`` (a launch's coordination

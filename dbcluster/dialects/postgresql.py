@@ -164,6 +164,9 @@ class PostgreSQLProvider(QueryProvider):
             pairs
         )
 
+    def notify_from(self, source: Any, channel: Any, payload: Any) -> Select[Any] | None:
+        return select(func.count(func.pg_notify(channel, payload))).select_from(source)
+
     def insert_with_children(
         self,
         parent: Insert,

@@ -118,6 +118,47 @@ def test_a_placed_first_run_owns_and_reads_the_nodes_in_the_statement_that_creat
     assert coordination.worker_step_name == "ledger.worker"
 
 
+def test_a_lone_partition_is_placed_by_the_statement_that_creates_its_step_execution(
+    backend: Backend, make_cluster: Any
+) -> None:
+    """Where the database can (PostgreSQL), a first run of one partition is two statements
+    before its COMMIT: the creation with its ownership and the nodes' read; the partition's
+    step execution with its context, the master's context, the partition's row and its node's
+    wake-up. The row is the one a placement of many writes, and the woken worker runs it."""
+    from sqlalchemy import event
+
+    registry = _with_partitioned_job("lone", lambda grid: {"only": {"lo": 0, "hi": 1}})
+    master = make_cluster(work=False, registry=registry)
+    worker = make_cluster(registry=registry)
+    sent: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        sent.append(statement)
+
+    engine = master.repository.engine
+    with points.parked("master.after_create_execution") as park:
+        event.listen(engine, "before_cursor_execute", record)
+        try:
+            launch = in_thread(lambda: master.launch("lone", {"run": 1}))
+            created = park.wait()[0]["job_execution"]
+        finally:
+            event.remove(engine, "before_cursor_execute", record)
+    launch["thread"].join(30)
+    assert launch["result"].status is BatchStatus.COMPLETED
+    with backend.engine.connect() as conn:
+        row = conn.execute(
+            select(partitions).where(partitions.c.job_execution_id == created.id)
+        ).one()
+    assert row.partition_name == "only" and row.status == "COMPLETED" and row.attempt == 1
+    assert row.assigned_node == worker.node.identity.node_id
+    step = registry.get_job("lone").first_step()
+    assert row.transferable and row.max_attempts == step.max_attempts
+    assert row.trace_context is None
+    if backend.name == "postgresql":
+        assert len(sent) == 2, sent
+        assert "INSERT INTO batch_partitions" in sent[1] and "pg_notify" in sent[1], sent
+
+
 def _with_partitioned_job(name: str, partition: Any) -> Any:
     """The test registry with job ``name``: one partitioned step whose partitions come from
     ``partition(grid_size)``."""

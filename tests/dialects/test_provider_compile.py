@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from sqlalchemy import bindparam, select
+from sqlalchemy import bindparam, literal_column, select
 
 from dbcluster import schema
 from dbcluster.dialects import BUILTIN_NAMES, provider_for_name
@@ -73,6 +73,13 @@ def statements(provider: QueryProvider) -> list:
         provider.select_partition_counts(1),
         provider.select_partitions(1),
         provider.insert_coordination(1, "n"),
+        # As riders of a statement that creates a row (a one-row source of its new id).
+        provider.insert_coordination(_NEW.c.id, bindparam("b_node"), source=_NEW),
+        provider.insert_coordination(
+            _NEW.c.id, bindparam("b_node"), COORD_STARTED, _NEW.c.id, "w", source=_NEW
+        ),
+        provider.insert_master(_NEW.c.id, 1, bindparam("b_node"), "launched", source=_NEW),
+        provider.insert_partition_from(_NEW, _NEW.c.id),
         provider.hold_mastership(1, "n", 1),
         provider.place_coordination(1, "n", 1, 2, "w"),
         provider.finish_mastership(1, "n", 1, "COMPLETED"),
@@ -100,6 +107,10 @@ def statements(provider: QueryProvider) -> list:
         provider.release_partition(bindparam("b_id"), bindparam("b_node"), bindparam("b_attempt")),
         provider.select_stale_node(10_000, 30_000),
     ]
+
+
+#: A one-row source standing in for a statement's new row (what riders take values from).
+_NEW = select(literal_column("1").label("id")).subquery("dbc_new")
 
 
 @pytest.mark.parametrize("name", BUILTIN_NAMES)
@@ -241,6 +252,20 @@ def test_only_postgresql_sends_wake_ups_and_its_notify_compiles() -> None:
     assert "pg_notify" in sql and "unnest" in sql
     channel = provider.wake_channel("host-0123456789abcdef0123456789abcdef")
     assert channel.startswith("dbcluster_") and len(channel) <= 63 and channel.isidentifier()
+
+
+@pytest.mark.parametrize("name", BUILTIN_NAMES)
+def test_a_lone_partitions_wake_up_rides_on_its_creation_only_where_nodes_are_woken(
+    name: str,
+) -> None:
+    provider = provider_for_name(name)
+    wake = provider.notify_from(_NEW, bindparam("b_channel"), _NEW.c.id)
+    assert (wake is not None) == provider.supports_listen_notify
+    if wake is not None:
+        sql = str(wake.compile(dialect=provider.dialect))
+        assert "pg_notify" in sql and "dbc_new" in sql
+    placed = str(provider.insert_partition_from(_NEW, _NEW.c.id).compile(dialect=provider.dialect))
+    assert "SELECT" in placed and "dbc_new" in placed  # nothing where the source has no row
 
 
 def test_the_claim_writes_the_step_executions_status_as_the_repository_spells_it() -> None:
