@@ -73,27 +73,11 @@ def test_a_placed_first_run_owns_and_reads_the_nodes_in_the_statement_that_creat
     its master history row and the placement's read of the live nodes go in the statement that
     creates the instance, the execution and its first step: a placed first run makes no read
     of its own, and three statements before its COMMIT."""
-    from sqlalchemy import event
-
     from dbcluster.schema import job_masters
 
     master = make_cluster(work=False)
     make_cluster()
-    sent: list[str] = []
-
-    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        sent.append(statement)
-
-    engine = master.repository.engine
-    with points.parked("master.after_create_execution") as park:
-        event.listen(engine, "before_cursor_execute", record)
-        try:
-            launch = in_thread(lambda: master.launch("ledger", {"run": 9}))
-            created = park.wait()[0]["job_execution"]
-        finally:
-            event.remove(engine, "before_cursor_execute", record)
-    launch["thread"].join(30)
-    assert launch["result"].status is BatchStatus.COMPLETED
+    created, sent = _created_recording(master, "ledger", {"run": 9})
     owning = [s for s in sent if "INSERT INTO batch_job_coordination" in s]
     assert len(owning) == 1, sent
     if backend.name == "postgresql":
@@ -125,26 +109,10 @@ def test_a_lone_partition_is_placed_by_the_statement_that_creates_its_step_execu
     before its COMMIT: the creation with its ownership and the nodes' read; the partition's
     step execution with its context, the master's context, the partition's row and its node's
     wake-up. The row is the one a placement of many writes, and the woken worker runs it."""
-    from sqlalchemy import event
-
     registry = _with_partitioned_job("lone", lambda grid: {"only": {"lo": 0, "hi": 1}})
     master = make_cluster(work=False, registry=registry)
     worker = make_cluster(registry=registry)
-    sent: list[str] = []
-
-    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        sent.append(statement)
-
-    engine = master.repository.engine
-    with points.parked("master.after_create_execution") as park:
-        event.listen(engine, "before_cursor_execute", record)
-        try:
-            launch = in_thread(lambda: master.launch("lone", {"run": 1}))
-            created = park.wait()[0]["job_execution"]
-        finally:
-            event.remove(engine, "before_cursor_execute", record)
-    launch["thread"].join(30)
-    assert launch["result"].status is BatchStatus.COMPLETED
+    created, sent = _created_recording(master, "lone", {"run": 1})
     with backend.engine.connect() as conn:
         row = conn.execute(
             select(partitions).where(partitions.c.job_execution_id == created.id)
@@ -157,6 +125,29 @@ def test_a_lone_partition_is_placed_by_the_statement_that_creates_its_step_execu
     if backend.name == "postgresql":
         assert len(sent) == 2, sent
         assert "INSERT INTO batch_partitions" in sent[1] and "pg_notify" in sent[1], sent
+
+
+def _created_recording(master: Any, job: str, params: dict[str, Any]) -> tuple[Any, list[str]]:
+    """Launch ``job`` (it must complete): its execution, and the statements the master sent
+    until its creation committed."""
+    from sqlalchemy import event
+
+    sent: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        sent.append(statement)
+
+    engine = master.repository.engine
+    with points.parked("master.after_create_execution") as park:
+        event.listen(engine, "before_cursor_execute", record)
+        try:
+            launch = in_thread(lambda: master.launch(job, params))
+            created = park.wait()[0]["job_execution"]
+        finally:
+            event.remove(engine, "before_cursor_execute", record)
+    launch["thread"].join(30)
+    assert launch["result"].status is BatchStatus.COMPLETED
+    return created, sent
 
 
 def _with_partitioned_job(name: str, partition: Any) -> Any:
