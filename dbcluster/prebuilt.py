@@ -33,6 +33,7 @@ SQLAlchemy, and no transaction is left open for SQLAlchemy to end.
 
 from __future__ import annotations
 
+import re
 from collections import namedtuple
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -48,6 +49,22 @@ _HANDLES_FAILURES = callable(getattr(Connection, "_handle_dbapi_exception", None
 #: SQLAlchemy's test of a connection in autocommit mode without a round trip (2.0 and 2.1);
 #: without it, an autocommit connection takes the usual path.
 _TELLS_AUTOCOMMIT = callable(getattr(Connection, "_is_autocommit_isolation", None))
+#: A named placeholder (``%(name)s``) or an escaped ``%`` of a pyformat statement.
+_PYFORMAT = re.compile(r"%%|%\(([^)]+)\)s")
+
+
+def _native_placeholders(sql: str) -> tuple[str, tuple[str, ...]]:
+    """``sql`` (pyformat) with the server's own numbered placeholders (``$1``, a name's every
+    use the same number), and the names in their numbers' order."""
+    numbers: dict[str, int] = {}
+
+    def number(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name is None:
+            return "%"
+        return f"${numbers.setdefault(name, len(numbers) + 1)}"
+
+    return _PYFORMAT.sub(number, sql), tuple(numbers)
 
 
 class _RowBase(tuple):  # type: ignore[type-arg]
@@ -92,6 +109,12 @@ class Prebuilt:
         self.expansions = expansions or {}
         #: The row type of :meth:`one` on the driver's path, from the first row's description.
         self._row: type[_RowBase] | None = None
+        #: Where the driver takes the server's own placeholders as they are (psycopg's
+        #: ``RawCursor``): its cursor class, the statement so written and its parameters' order.
+        #: The driver's path then sends it without parsing it again: psycopg caches the
+        #: conversion of a statement up to 4 KB only, and a claim or a final write with the
+        #: claim of the next is longer (parsed again on every execution otherwise).
+        self.raw: tuple[Any, str, tuple[str, ...]] | None = None
 
     @classmethod
     def build(
@@ -133,7 +156,11 @@ class Prebuilt:
             )
             sql = state.statement
             expansions = {name: tuple(state.parameter_expansion[name]) for name in expand}
-        return cls(sql, tuple(names), constants, processors, expansions)
+        built = cls(sql, tuple(names), constants, processors, expansions)
+        raw_cursor = getattr(dialect.dbapi, "RawCursor", None)
+        if raw_cursor is not None and dialect.paramstyle == "pyformat":
+            built.raw = (raw_cursor, *_native_placeholders(sql))
+        return built
 
     def execute(self, conn: Connection, params: Mapping[str, Any]) -> CursorResult[Any]:
         """Run it in ``conn``'s transaction with ``params`` (each bind parameter not bound to a
@@ -164,8 +191,13 @@ class Prebuilt:
         dbapi_connection = conn.connection.dbapi_connection
         cursor = None
         try:
-            cursor = dbapi_connection.cursor()  # type: ignore[union-attr]
-            cursor.execute(self.sql, values)
+            if self.raw is not None:
+                raw_cursor, raw_sql, order = self.raw
+                cursor = raw_cursor(dbapi_connection)
+                cursor.execute(raw_sql, [values[name] for name in order])
+            else:
+                cursor = dbapi_connection.cursor()  # type: ignore[union-attr]
+                cursor.execute(self.sql, values)
             rows = cursor.fetchmany(most) if most is not None else cursor.fetchall()
             row_type = self._row
             if row_type is None:

@@ -374,3 +374,37 @@ def test_statements_built_once_run_prebuilt_and_those_without_rows_answer_none(
         assert statements._built[INSERT] is None  # no rows: as usual
     finally:
         metadata.drop_all(engine)
+
+
+def test_the_servers_own_placeholders_number_each_name_once_and_keep_a_literal_percent() -> None:
+    """Where the driver takes ``$1`` placeholders as they are (psycopg's RawCursor), a prebuilt
+    statement is sent so: psycopg would parse a statement longer than 4 KB again on every
+    execution (the claim, a final write that claims the next)."""
+    from dbcluster.prebuilt import _native_placeholders
+
+    sql, order = _native_placeholders(
+        "SELECT %(b_a)s, '100%%', %(b_b)s WHERE x = %(b_a)s AND y LIKE 'a%%'"
+    )
+    assert sql == "SELECT $1, '100%', $2 WHERE x = $1 AND y LIKE 'a%'"
+    assert order == ("b_a", "b_b")
+
+
+def test_a_statement_longer_than_the_drivers_cache_reads_the_same_on_the_driver(
+    backend: Backend,
+) -> None:
+    engine = backend.engine
+    wide = select(*(bindparam(f"b_value_number_{i}", type_=Integer) for i in range(120)))
+    built = Prebuilt.build(wide, engine.dialect)
+    if built is None:
+        return  # positional drivers: as usual
+    assert len(built.sql) > 4096
+    raw_driver = getattr(engine.dialect.dbapi, "RawCursor", None) is not None
+    assert (built.raw is not None) == raw_driver
+    params = {f"b_value_number_{i}": i * 7 for i in range(120)}
+    from dbcluster.prebuilt import _direct
+
+    with engine.begin() as conn:
+        assert _direct(conn), "the driver's path is what this test reads"
+        ours = built.one(conn, params)
+        theirs = conn.execute(wide, params).one()
+    assert tuple(ours) == tuple(theirs) == tuple(i * 7 for i in range(120))
