@@ -541,9 +541,9 @@ class JobRepository:
         self._folded: dict[tuple[Any, bool], Any] = {}
         #: The launch's statements above, prebuilt (see :mod:`dbcluster.prebuilt`).
         self._prebuilt = PrebuiltStatements(engine.dialect)
-        #: The creating statement with riders, per riders' key (see :class:`Riders`).
+        #: A creating statement with riders, per riders' key and statement (see :class:`Riders`).
         self._rides = provider.supports_writable_cte
-        self._ridden: dict[Any, tuple[Any, int]] = {}
+        self._ridden: dict[tuple[Any, Any], tuple[Any, int]] = {}
 
     def step_version_is(
         self, execution: StepExecution, version: int
@@ -804,10 +804,13 @@ class JobRepository:
         if riders is not None:
             riders.rows = None  # not from an earlier try of the same transaction
         if if_absent and riders is not None and self._rides and together is not None:
-            ridden = self._ridden.get(riders.key)
+            # Per statement too: a job with a first step and one without (a flow that starts
+            # with a decision) have creating statements of different columns.
+            shape = (riders.key, together)
+            ridden = self._ridden.get(shape)
             if ridden is None:
                 ridden = _with_riders(together, riders, first_step is not None)
-                self._ridden[riders.key] = ridden
+                self._ridden[shape] = ridden
             together, bound = ridden[0], riders.params
         with self.transaction(conn) as c:
             if together is not None:
@@ -1090,7 +1093,7 @@ class JobRepository:
                 statement = folded if folded is not None else self._step_with_context
                 ridden: tuple[Any, int] | None = None
                 if riders is not None and self._rides:
-                    key = (riders.key, folded is not None)
+                    key = (riders.key, statement)
                     ridden = self._ridden.get(key)
                     if ridden is None:
                         ridden = self._ridden[key] = _with_riders(statement, riders, False)

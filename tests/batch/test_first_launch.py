@@ -194,3 +194,59 @@ def test_a_restart_reads_its_instance_without_trying_to_create_it(
     assert again.status is BatchStatus.COMPLETED and again.id != failed.id
     assert not [s for s in sent if "INSERT INTO batch_job_instance" in s], sent
     assert _instances(repo) == 1 and _executions(repo) == 2
+
+
+def test_riders_go_with_creating_statements_of_either_shape_on_one_repository(
+    repo: JobRepository,
+) -> None:
+    """Riders (writes of a caller's that go in the creating statement where the database can)
+    with the same key, on one repository, for a job with a first step and one without (a flow
+    starting with a decision): each launch gets a creating statement of its own shape, its first
+    step made right and the rider written once."""
+    from sqlalchemy import bindparam
+
+    from dbcluster.batch.repository import Riders
+    from dbcluster.dialects import get_provider
+    from dbcluster.schema import job_masters
+
+    provider = get_provider(repo.engine)
+    if not repo.creates_instance_if_absent:
+        pytest.skip("this database reads the instance first: no creating statement to ride on")
+
+    def build(execution_id: Any, _first_step: Any, source: Any) -> tuple[Any, Any]:
+        history = provider.insert_master(execution_id, 1, bindparam("b_node"), "r", source=source)
+        return [history], None
+
+    made = []
+    for run, first_step in enumerate((None, "s1", None, "s1")):
+        riders = Riders("a caller's history row", build, {"b_node": "n1"})
+        with repo.engine.begin() as conn:
+            execution = repo.create_instance_if_absent(
+                "riders",
+                JobParameters({"run": run}),
+                None,
+                conn,
+                started=True,
+                first_step=first_step,
+                riders=riders,
+            )
+            assert execution is not None
+            if riders.rows is None:  # it did not ride: the caller writes it
+                conn.execute(provider.insert_master(execution.id, 1, "n1", "r"))
+        made.append((execution, first_step, riders.rows))
+    rides = provider.supports_writable_cte
+    for execution, first_step, rows in made:
+        assert (rows == []) if rides else rows is None
+        steps = repo.get_step_executions(execution)
+        if first_step is None:
+            assert steps == [] and execution.prepared_steps == {}
+        else:
+            prepared = execution.prepared_steps[first_step]
+            assert [(s.id, s.step_name) for s in steps] == [(prepared.id, first_step)]
+        with repo.engine.connect() as conn:
+            history = conn.execute(
+                select(job_masters.c.master_node).where(
+                    job_masters.c.job_execution_id == execution.id
+                )
+            ).all()
+        assert [tuple(h) for h in history] == [("n1",)]
