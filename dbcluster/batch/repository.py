@@ -545,6 +545,33 @@ class JobRepository:
         self._rides = provider.supports_writable_cte
         self._ridden: dict[tuple[Any, Any], tuple[Any, int]] = {}
 
+    def _rows_riding(
+        self,
+        conn: Connection,
+        statement: Any,
+        params: Mapping[str, Any],
+        riders: Riders | None,
+        first_step: bool,
+    ) -> list[Any]:
+        """The rows of ``statement`` (a creating one, at most one row: see
+        :func:`_with_riders`) run prebuilt, with ``riders`` in it where the database can: then
+        its own columns of its row, and ``riders.rows`` the read's rows."""
+        if riders is None or not self._rides:
+            return self._prebuilt.rows(conn, statement, params)
+        # Per statement too: a job with a first step and one without (a flow that starts with a
+        # decision) have creating statements of different columns.
+        shape = (riders.key, statement)
+        ridden = self._ridden.get(shape)
+        if ridden is None:
+            ridden = self._ridden[shape] = _with_riders(statement, riders, first_step)
+        ridden_statement, own = ridden
+        rows = self._prebuilt.rows(conn, ridden_statement, {**params, **riders.params})
+        if not rows:
+            return []  # it created nothing: nothing rode
+        # The read's rows, without the one of NULLs where it found nothing.
+        riders.rows = [tuple(r)[own:] for r in rows if len(r) > own and r[own] is not None]
+        return [tuple(rows[0])[:own]]
+
     def step_version_is(
         self, execution: StepExecution, version: int
     ) -> Callable[[Connection], bool]:
@@ -799,22 +826,11 @@ class JobRepository:
                     **_context_columns(step_text),
                 }.items()
             }
-        bound: Mapping[str, Any] = {}
-        ridden: tuple[Any, int] | None = None
         if riders is not None:
             riders.rows = None  # not from an earlier try of the same transaction
-        if if_absent and riders is not None and self._rides and together is not None:
-            # Per statement too: a job with a first step and one without (a flow that starts
-            # with a decision) have creating statements of different columns.
-            shape = (riders.key, together)
-            ridden = self._ridden.get(shape)
-            if ridden is None:
-                ridden = _with_riders(together, riders, first_step is not None)
-                self._ridden[shape] = ridden
-            together, bound = ridden[0], riders.params
         with self.transaction(conn) as c:
             if together is not None:
-                rows = self._prebuilt.rows(
+                rows = self._rows_riding(
                     c,
                     together,
                     {
@@ -822,16 +838,10 @@ class JobRepository:
                         **_context_columns(text),
                         **array_parameters(parameters, _PARAMETER_COLUMNS),
                         **step_values,
-                        **bound,
                     },
+                    riders if if_absent else None,
+                    first_step is not None,
                 )
-                if ridden is not None and riders is not None and rows:
-                    own = ridden[1]
-                    # The read's rows, without the one of NULLs where it found nothing.
-                    riders.rows = [
-                        tuple(r)[own:] for r in rows if len(r) > own and r[own] is not None
-                    ]
-                    rows = [tuple(r)[:own] for r in rows[:1]]
                 row = rows[0] if rows else None
                 if row is None:
                     if if_absent:
@@ -1091,20 +1101,7 @@ class JobRepository:
                 one = {**rows[0], **context_rows[0], **other}
                 folded = self._step_with_context_and_other if other else None
                 statement = folded if folded is not None else self._step_with_context
-                ridden: tuple[Any, int] | None = None
-                if riders is not None and self._rides:
-                    key = (riders.key, statement)
-                    ridden = self._ridden.get(key)
-                    if ridden is None:
-                        ridden = self._ridden[key] = _with_riders(statement, riders, False)
-                    statement = ridden[0]
-                    one.update(riders.params)
-                made = self._prebuilt.rows(c, statement, one)
-                if riders is not None and ridden is not None:
-                    own = ridden[1]
-                    riders.rows = [tuple(r)[own:] for r in made if r[own] is not None]
-                    made = [tuple(made[0])[:own]]
-                (row,) = made
+                (row,) = self._rows_riding(c, statement, one, riders, False)
                 ids = [int(row[0])]
                 if folded is not None:
                     other_written = int(row[-1])

@@ -228,11 +228,24 @@ class Cluster(UnattendedRuns):
 
             return store.prepared(("own execution", pointing), build)  # type: ignore[no-any-return]
 
-        def writes(pointing: bool) -> tuple[Any, Any]:
-            ids = (bindparam("b_id"), bindparam("b_node"))
-            at_step = (COORD_STARTED, bindparam("b_master"), bindparam("b_worker_step"))
-            coordination = provider.insert_coordination(*ids, *(at_step if pointing else ()))
-            return coordination, provider.insert_master(ids[0], 1, ids[1], "launched")
+        def writes(
+            pointing: bool,
+            execution_id: Any = None,
+            master_id: Any = None,
+            source: Any | None = None,
+        ) -> tuple[Any, Any]:
+            """The coordination row and the master history row, of bound parameters (``b_id``,
+            ``b_master``) or, riding on the creating statement, of its new rows' ids and
+            taking their values from ``source`` (see :class:`Riders`)."""
+            execution_id = bindparam("b_id") if execution_id is None else execution_id
+            master_id = bindparam("b_master") if master_id is None else master_id
+            node = bindparam("b_node")
+            at_step = (COORD_STARTED, master_id, bindparam("b_worker_step"))
+            coordination = provider.insert_coordination(
+                execution_id, node, *(at_step if pointing else ()), source=source
+            )
+            launched = provider.insert_master(execution_id, 1, node, "launched", source=source)
+            return coordination, launched
 
         def riders() -> Riders:
             """The ownership rows (pointing at the partitioned step that a first run starts
@@ -243,27 +256,13 @@ class Cluster(UnattendedRuns):
             read = pointing and later is None
 
             def build(execution_id: Any, first_step_id: Any, source: Any) -> tuple[Any, Any]:
-                node = bindparam("b_node")
-                at_step = (COORD_STARTED, first_step_id, bindparam("b_worker_step"))
-                coordination = provider.insert_coordination(
-                    execution_id, node, *(at_step if pointing else ()), source=source
-                )
-                launched = provider.insert_master(execution_id, 1, node, "launched", source=source)
-                return [coordination, launched], store.select_nodes() if read else None
+                owned = writes(pointing, execution_id, first_step_id, source)
+                return list(owned), store.select_nodes() if read else None
 
             params = {"b_node": identity.node_id}
             if placing is not None:
                 params["b_worker_step"] = placing.worker_step.name
             return Riders(("own execution", pointing, read), build, params)
-
-        def owned_then_nodes() -> Any | None:
-            """The coordination row (pointing at the placed step) and the master history row,
-            then the live nodes' read the placement starts with: one statement where the
-            provider can put them together (None: apart)."""
-            return store.prepared(
-                "own execution, then the nodes",
-                lambda: store.provider.together_all(writes(True), store.select_nodes()),
-            )
 
         def own(conn: Connection, execution: JobExecution) -> None:
             row: dict[str, Any] = {"b_id": execution.id, "b_node": identity.node_id}
@@ -271,16 +270,12 @@ class Cluster(UnattendedRuns):
             if placing is not None and master is not None:
                 row.update(b_master=master.id, b_worker_step=placing.worker_step.name)
             # The ownership went with the creating statement (and the nodes' read, when placing
-            # here), where the repository could put it there; else, placing in this
-            # transaction, it goes in the placement's first statement, which reads the live
-            # nodes, where the provider can.
+            # here), where the repository could put it there; else it is written here (and the
+            # placement reads the nodes itself).
             found = ridden[0].rows if ridden[0] is not None else None
-            first = None
             if found is None:
-                first = owned_then_nodes() if master is not None and later is None else None
-                if first is None:
-                    for stmt in owner("b_master" in row):
-                        conn.execute(stmt, row)
+                for stmt in owner("b_master" in row):
+                    conn.execute(stmt, row)
             if on_created is not None:
                 on_created(conn, execution)
             execution.fence = Mastership(store, execution.id, identity)
@@ -292,7 +287,6 @@ class Cluster(UnattendedRuns):
                         master,
                         self.launcher.runtime,
                         execution.fence,
-                        first=None if first is None else (first, row),
                         found=found,
                     )
                 else:

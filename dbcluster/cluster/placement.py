@@ -6,7 +6,7 @@ execution (see :meth:`dbcluster.cluster.app.Cluster.create_execution`)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -168,7 +168,6 @@ class Placer:
         runtime: BatchRuntime,
         mastership: Mastership,
         *,
-        first: tuple[Any, Mapping[str, Any]] | None = None,
         found: Sequence[Sequence[Any]] | None = None,
     ) -> None:
         """Place a first run's partitions in the transaction that creates its job execution (see
@@ -182,11 +181,10 @@ class Placer:
         for one as usual). Raises :class:`PlaceLater` when the placement must not go in this
         transaction: the partitioner took so long that the server may end the idle transaction
         (``idle_transaction_timeout``), this node was fenced meanwhile, or a statement of the
-        placement failed (the step must fail with it, not the launch). ``first``: a statement
-        that writes what the transaction must hold whatever happens here (its mastership) and
-        then reads the nodes, with its parameters: the read of the live workers. ``found``:
-        that read's rows where the statement that created the execution made it."""
-        workers = self.node.store.worker_nodes(conn, read=first, found=found)
+        placement failed (the step must fail with it, not the launch). ``found``: the live
+        nodes' rows where the statement that created the execution read them (else they are
+        read here)."""
+        workers = self.node.store.worker_nodes(conn, found=found)
         if not workers:
             return
         began = time.monotonic()

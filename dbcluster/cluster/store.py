@@ -394,13 +394,11 @@ class CoordinationStore:
         status: str | None = NODE_ACTIVE,
         conn: Connection | None = None,
         *,
-        read: tuple[Any, Mapping[str, Any]] | None = None,
         found: Sequence[Sequence[Any]] | None = None,
     ) -> list[NodeInfo]:
-        """The registered nodes (in ``status``); read in ``conn``'s transaction if given, by
-        ``read`` (a statement that reads them as :meth:`select_nodes` does, after writes of its
-        own, with its parameters) if given; ``found``: the rows of :meth:`select_nodes`' read
-        that another statement made (no read here)."""
+        """The registered nodes (in ``status``); read in ``conn``'s transaction if given;
+        ``found``: the rows of :meth:`select_nodes`' read that another statement made (no read
+        here)."""
         stmt = self.select_nodes(status)
         if found is not None:
             # Rows of that read made by another statement (a launch's creating one): by name.
@@ -409,8 +407,6 @@ class CoordinationStore:
             rows.sort(key=lambda r: r.node_id)  # as the read orders them
         elif conn is None:
             rows = self._rows(stmt, "nodes")
-        elif read is not None:
-            rows = self._prebuilt.rows(conn, read[0], read[1])
         else:
             rows = conn.execute(stmt).all()
         return [
@@ -422,11 +418,10 @@ class CoordinationStore:
         self,
         conn: Connection | None = None,
         *,
-        read: tuple[Any, Mapping[str, Any]] | None = None,
         found: Sequence[Sequence[Any]] | None = None,
     ) -> list[NodeInfo]:
-        """ACTIVE nodes that take partitions (``read``, ``found``: see :meth:`nodes`)."""
-        return [n for n in self.nodes(NODE_ACTIVE, conn, read=read, found=found) if n.capacity > 0]
+        """ACTIVE nodes that take partitions (``found``: see :meth:`nodes`)."""
+        return [n for n in self.nodes(NODE_ACTIVE, conn, found=found) if n.capacity > 0]
 
     # --- partitions (worker side) ---------------------------------------------------------------
 

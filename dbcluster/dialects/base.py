@@ -1416,12 +1416,6 @@ class QueryProvider:
         partition as it creates its step execution; None where the database cannot."""
         return None
 
-    def together_all(self, writes: Sequence[Insert], then: Any) -> Any | None:
-        """As :meth:`together`, for several INSERTs before ``then`` (a launch's coordination
-        row and master history row, then its placement's read of the live nodes); None where
-        the database cannot."""
-        return None
-
     def together(self, write: Insert, then: Any) -> Any | None:
         """One statement that runs the INSERT ``write`` and the statement ``then`` (another
         INSERT, or a :meth:`notify`), taking the parameters of both, or None where the database

@@ -206,9 +206,6 @@ class PostgreSQLProvider(QueryProvider):
         # ON CONFLICT DO NOTHING on that unique key only: any other violation still raises.
         return pg_insert(table).on_conflict_do_nothing(index_elements=[table.c[k] for k in key])
 
-    def together_all(self, writes: Sequence[Insert], then: Any) -> Any | None:
-        return then.add_cte(*(write.cte(f"dbc_write{i}") for i, write in enumerate(writes)))
-
     def together(self, write: Insert, then: Any) -> Any | None:
         # A data-modifying CTE runs whether or not the statement reads it, in the same snapshot
         # as the statement (neither sees the other's rows); constraints are checked at the end.
