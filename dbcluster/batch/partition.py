@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol, overload, runtime_checkable
 from sqlalchemy import Connection
 
 from dbcluster.batch.context import ExecutionContext
-from dbcluster.batch.domain import COUNTER_NAMES, StepExecution
+from dbcluster.batch.domain import COUNTER_NAMES, PartitionsEnded, StepExecution
 from dbcluster.batch.exceptions import BatchError, PartitionFailedError, StepConfigurationError
 from dbcluster.batch.status import EXIT_NODE_LOST, BatchStatus, ExitStatus
 from dbcluster.batch.step import Step
@@ -111,12 +111,12 @@ class PartitionHandler(Protocol):
     """Runs a partition step's partitions and returns their step executions (any final status).
 
     A handler whose class sets ``returns_stored = True`` returns them as read from the repository
-    after the last one ended, and the step aggregates them as they are; otherwise the step reads
-    them again."""
+    after the last one ended, or what the step aggregates of them (:class:`PartitionsEnded`),
+    and the step aggregates that as it is; otherwise the step reads them again."""
 
     def handle(
         self, step: PartitionStep, master: StepExecution, runtime: BatchRuntime
-    ) -> list[StepExecution]: ...
+    ) -> list[StepExecution] | PartitionsEnded: ...
 
 
 def _ms(value: float | timedelta) -> int:
@@ -285,32 +285,39 @@ class PartitionStep(Step):
         master = step_execution
         handler = self.partition_handler or runtime.partition_handler
         returned = handler.handle(self, master, runtime)
-        if not getattr(handler, "returns_stored", False):
+        if not getattr(handler, "returns_stored", False) and not isinstance(
+            returned, PartitionsEnded
+        ):
             returned = runtime.repository.get_step_executions_by_ids(
                 master.job_execution, [se.id for se in returned]
             )
         self.aggregate(master, returned)
 
-    def aggregate(self, master: StepExecution, partitions: list[StepExecution]) -> None:
+    def aggregate(
+        self, master: StepExecution, partitions: list[StepExecution] | PartitionsEnded
+    ) -> None:
         """Sum the counters into the master and take the worst status (a partition still running
         after its handler returned counts as FAILED)."""
+        ended = (
+            partitions
+            if isinstance(partitions, PartitionsEnded)
+            else PartitionsEnded.of(partitions)
+        )
         for counter in COUNTER_NAMES:
-            setattr(master, counter, sum(getattr(p, counter) for p in partitions))
+            setattr(master, counter, ended.counters.get(counter, 0))
         status = BatchStatus.COMPLETED
         exit_status = ExitStatus.COMPLETED
         failed = []
-        for p in partitions:
-            p_status = BatchStatus.FAILED if p.status.is_running else p.status
+        for name, p_status, exit_code in ended.unfinished:
+            if p_status.is_running:
+                p_status = BatchStatus.FAILED
             status = BatchStatus.max(status, p_status)
-            if p_status is not BatchStatus.COMPLETED:
-                failed.append(p.step_name)
-                exit_status = exit_status.and_(ExitStatus(p.exit_status.code))
+            failed.append(name)
+            exit_status = exit_status.and_(ExitStatus(exit_code))
         if status.is_unsuccessful:
-            lost = all(
-                p.exit_status.code == EXIT_NODE_LOST for p in partitions if p.step_name in failed
-            )
+            lost = all(exit_code == EXIT_NODE_LOST for _, _, exit_code in ended.unfinished)
             raise PartitionFailedError(
-                f"{len(failed)} of {len(partitions)} partitions of step {self.name!r} did not "
+                f"{len(failed)} of {ended.count} partitions of step {self.name!r} did not "
                 f"complete: {', '.join(failed[:20])}{' ...' if len(failed) > 20 else ''}",
                 EXIT_NODE_LOST if lost else "FAILED",
             )

@@ -34,7 +34,14 @@ from sqlalchemy.exc import IntegrityError
 
 from dbcluster import schema
 from dbcluster.batch.context import ExecutionContext
-from dbcluster.batch.domain import COUNTER_NAMES, JobExecution, JobInstance, StepExecution, utcnow
+from dbcluster.batch.domain import (
+    COUNTER_NAMES,
+    JobExecution,
+    JobInstance,
+    PartitionsEnded,
+    StepExecution,
+    utcnow,
+)
 from dbcluster.batch.exceptions import OptimisticLockingFailureError
 from dbcluster.batch.fence import FoldedGuard
 from dbcluster.batch.parameters import JobParameter, JobParameters, parse_value
@@ -52,6 +59,24 @@ _JP = schema.job_execution_params
 _SE = schema.step_execution
 _JC = schema.job_execution_context
 _SC = schema.step_execution_context
+
+#: The sums of :meth:`JobRepository.partitions_ended` over some step executions (one IN list;
+#: or a run of consecutive ids): how many, how many COMPLETED, each counter's sum; and those of
+#: them that did not complete.
+_SOME_STEPS = _SE.c.step_execution_id.in_(bindparam("b_ids", expanding=True))
+_STEPS_BETWEEN = _SE.c.step_execution_id.between(bindparam("b_low"), bindparam("b_high"))
+_TOTALS = select(
+    func.count(),
+    func.sum(case((_SE.c.status == BatchStatus.COMPLETED.value, 1), else_=0)),
+    *(func.sum(_SE.c[name]) for name in COUNTER_NAMES),
+)
+_UNFINISHED = select(_SE.c.step_execution_id, _SE.c.step_name, _SE.c.status, _SE.c.exit_code).where(
+    _SE.c.status != BatchStatus.COMPLETED.value
+)
+_PARTITION_TOTALS = _TOTALS.where(_SOME_STEPS)
+_PARTITIONS_UNFINISHED = _UNFINISHED.where(_SOME_STEPS)
+_PARTITION_TOTALS_BETWEEN = _TOTALS.where(_STEPS_BETWEEN)
+_PARTITIONS_UNFINISHED_BETWEEN = _UNFINISHED.where(_STEPS_BETWEEN)
 
 _RUNNING = [s.value for s in BatchStatus if s.is_running]
 
@@ -1329,6 +1354,46 @@ class JobRepository:
                 ):
                     found[se.id] = se
         return [found[i] for i in ids if i in found]
+
+    @_retried_read
+    def partitions_ended(
+        self, ids: Sequence[int], conn: Connection | None = None
+    ) -> PartitionsEnded:
+        """What a partitioned step aggregates of the step executions ``ids`` (its partitions,
+        all ended): one statement of sums (per IN list; one for all where the ids are one run of
+        consecutive numbers, as the partitions a launch created together mostly are), and a read
+        of the ones that did not complete only where there are some. Their contexts are not
+        read."""
+        count = 0
+        counters = dict.fromkeys(COUNTER_NAMES, 0)
+        unfinished: list[tuple[int, str, BatchStatus, str]] = []
+        ordered = sorted(set(ids))
+        if ordered and ordered[-1] - ordered[0] == len(ordered) - 1:
+            where: list[tuple[Any, Any, dict[str, Any]]] = [
+                (
+                    _PARTITION_TOTALS_BETWEEN,
+                    _PARTITIONS_UNFINISHED_BETWEEN,
+                    {"b_low": ordered[0], "b_high": ordered[-1]},
+                )
+            ]
+        else:
+            where = [
+                (_PARTITION_TOTALS, _PARTITIONS_UNFINISHED, {"b_ids": batch})
+                for batch in in_batches(ordered)
+            ]
+        with self._read(conn) as c:
+            for totals_of, unfinished_of, params in where:
+                totals = c.execute(totals_of, params).one()
+                count += int(totals[0])
+                for name, value in zip(COUNTER_NAMES, totals[2:], strict=True):
+                    counters[name] += int(value or 0)
+                if int(totals[1] or 0) < int(totals[0]):
+                    unfinished.extend(
+                        (int(r[0]), r[1], BatchStatus(r[2]), r[3] or "")
+                        for r in c.execute(unfinished_of, params)
+                    )
+        unfinished.sort(key=lambda r: r[0])
+        return PartitionsEnded(count, counters, tuple(r[1:] for r in unfinished))
 
     @_retried_read
     def get_step_executions(

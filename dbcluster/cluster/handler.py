@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from dbcluster.batch.domain import StepExecution
+from dbcluster.batch.domain import PartitionsEnded, StepExecution
 from dbcluster.batch.fence import FencedError
 from dbcluster.cluster.assignment import AssignmentStrategy, LeastLoaded, RoundRobin
 from dbcluster.cluster.mastership import Mastership, MastershipLostError
@@ -86,7 +86,8 @@ class CheckPace:
 class ClusterPartitionHandler:
     """Runs a partition step's partitions across the cluster, with this node as master."""
 
-    #: handle() reads the partitions' step executions once they have all ended (see
+    #: handle() reads what the step aggregates of its partitions once they have all ended (a
+    #: :class:`~dbcluster.batch.domain.PartitionsEnded`, see
     #: :class:`~dbcluster.batch.partition.PartitionHandler`); the step does not read them again.
     returns_stored = True
 
@@ -124,7 +125,7 @@ class ClusterPartitionHandler:
 
     def handle(
         self, step: PartitionStep, master: StepExecution, runtime: BatchRuntime
-    ) -> list[StepExecution]:
+    ) -> list[StepExecution] | PartitionsEnded:
         node = self.node
         job_execution = master.job_execution
         mastership = job_execution.fence
@@ -197,8 +198,8 @@ class ClusterPartitionHandler:
         return patiently(
             self.node,
             mastership,
-            lambda: runtime.repository.get_step_executions_by_ids(job_execution, ids),
-            "reload the partitions",
+            lambda: runtime.repository.partitions_ended(ids),
+            "read the partitions' outcome",
         )
 
     # --- monitoring ---------------------------------------------------------------------------

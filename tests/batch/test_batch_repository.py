@@ -282,3 +282,70 @@ def test_partitions_are_created_with_their_masters_context(
     with backend.engine.connect() as conn:
         again = select(func.count()).where(step_execution.c.step_name == "w:again")
         assert conn.execute(again).scalar_one() == 0
+
+
+def test_what_a_partitioned_step_aggregates_reads_as_its_partitions_would(
+    repo: JobRepository,
+) -> None:
+    """The outcome the cluster's handler reads of a step's partitions (sums, and the ones that
+    did not complete) is what aggregating the partitions' step executions gives, across more
+    than one IN list; the step aggregates it to the same master and the same failure."""
+    from dbcluster.batch import (
+        IntegerRangePartitioner,
+        PartitionFailedError,
+        PartitionStep,
+        TaskletStep,
+    )
+    from dbcluster.batch.domain import PartitionsEnded
+    from dbcluster.batch.status import EXIT_NODE_LOST, ExitStatus
+    from dbcluster.inlists import IN_LIST_MAX
+
+    instance = repo.create_job_instance("ended", _params())
+    execution = repo.create_job_execution(instance, _params())
+    count = IN_LIST_MAX + 7
+    made = repo.create_step_executions(execution, [(f"w:p{i:04d}", None) for i in range(count)])
+    outcomes = {
+        3: (BatchStatus.FAILED, ExitStatus("FAILED")),
+        IN_LIST_MAX + 2: (BatchStatus.FAILED, ExitStatus(EXIT_NODE_LOST)),
+        IN_LIST_MAX + 5: (BatchStatus.STARTED, ExitStatus("EXECUTING")),
+        11: (BatchStatus.STOPPED, ExitStatus("STOPPED")),
+    }
+    for i, se in enumerate(made):
+        se.status, se.exit_status = outcomes.get(i, (BatchStatus.COMPLETED, ExitStatus.COMPLETED))
+        se.read_count, se.write_count, se.commit_count = i, 2 * i, 1
+        se.filter_count = i % 3
+        repo.update_step_execution(se)
+    ids = [se.id for se in made]
+
+    read = repo.partitions_ended(ids)
+    expected = PartitionsEnded.of(repo.get_step_executions_by_ids(execution, ids))
+    assert read == expected
+    # Not one run of consecutive ids (read per IN list): the same as the step executions give.
+    some = [i for n, i in enumerate(ids) if n % 5 != 1]
+    assert repo.partitions_ended(some) == PartitionsEnded.of(
+        repo.get_step_executions_by_ids(execution, some)
+    )
+    assert read.count == count and read.counters["write_count"] == count * (count - 1)
+    assert [name for name, *_ in read.unfinished] == [f"w:p{i:04d}" for i in sorted(outcomes)]
+    assert repo.partitions_ended([]) == PartitionsEnded(0, read.counters.fromkeys(read.counters, 0))
+
+    step = PartitionStep("m", TaskletStep("w", lambda ctx: None), IntegerRangePartitioner(0, 1))
+    masters = [repo.create_step_execution(execution, f"m{i}") for i in range(2)]
+    errors = []
+    given_both = (read, repo.get_step_executions_by_ids(execution, ids))
+    for master, given in zip(masters, given_both, strict=True):
+        with pytest.raises(PartitionFailedError) as raised:
+            step.aggregate(master, given)
+        errors.append((str(raised.value), raised.value.exit_code, master.counters()))
+    assert errors[0] == errors[1]
+    assert f"4 of {count} partitions" in errors[0][0]
+
+    for se in made:
+        if se.status is not BatchStatus.COMPLETED:
+            se.status, se.exit_status = BatchStatus.COMPLETED, ExitStatus.COMPLETED
+            repo.update_step_execution(se)
+    done = repo.partitions_ended(ids)
+    assert done.unfinished == () and done.counters == read.counters
+    step.aggregate(masters[0], done)
+    assert masters[0].status is not BatchStatus.FAILED
+    assert masters[0].read_count == sum(range(count))
