@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -10,6 +11,11 @@ from dbcluster.batch.exceptions import ContextValueError
 
 
 def _normalize(key: str, value: Any) -> Any:
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:
+        return value  # JSON gives it back as it is (a partitioner puts thousands of these)
+    if kind is float and math.isfinite(value):
+        return value
     try:
         text = json.dumps(value, allow_nan=False, ensure_ascii=True)
     except (TypeError, ValueError) as error:
@@ -91,9 +97,14 @@ class ExecutionContext:
         for key, value in other.items():
             self.put(key, value)
 
+    def _scalars(self) -> bool:
+        """Whether every value is one no one can change in place (a copy need not go through
+        JSON)."""
+        return all(type(value) in _SCALARS for value in self._data.values())
+
     def copy(self) -> ExecutionContext:
         clone = ExecutionContext()
-        clone._data = json.loads(self.to_json())
+        clone._data = dict(self._data) if self._scalars() else json.loads(self.to_json())
         clone.dirty = self.dirty
         clone._saved = self._saved
         return clone
@@ -126,7 +137,7 @@ class ExecutionContext:
         was last saved, or a value mutated in place (which the dirty flag cannot see)."""
         if self.dirty or self._saved is None:
             return True
-        if all(type(value) in _SCALARS for value in self._data.values()):
+        if self._scalars():
             return False  # nothing in it can be mutated in place: only put or remove change it
         return self.to_json() != self._saved
 

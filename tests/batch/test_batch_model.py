@@ -186,3 +186,32 @@ def test_range_partitioner_names_derive_from_slices() -> None:
     parts = IntegerRangePartitioner(0, 10).partition(3)
     assert list(parts) == ["range-0-3", "range-3-6", "range-6-10"]
     assert parts["range-3-6"] == {"lo": 3, "hi": 6}
+
+
+def test_a_context_of_plain_values_keeps_them_as_json_would_and_copies_apart() -> None:
+    """Plain values (str, int, bool, None, finite floats) are stored without a trip through
+    JSON, exactly as that trip gives them back; anything else still goes through it (a tuple
+    becomes a list, NaN is refused); a copy shares nothing with its original."""
+    import json
+    import math
+
+    from dbcluster.batch import ExecutionContext
+    from dbcluster.batch.exceptions import ContextValueError
+
+    plain = {"s": "é\ud800x", "i": 10**30, "b": True, "n": None, "f": 0.1, "neg": -0.0}
+    ctx = ExecutionContext(plain)
+    for key, value in plain.items():
+        again = json.loads(json.dumps(value, ensure_ascii=True))
+        assert ctx[key] == again and type(ctx[key]) is type(again)
+    ctx.put("t", (1, 2))
+    assert ctx["t"] == [1, 2]
+    with pytest.raises(ContextValueError):
+        ctx.put("nan", math.nan)
+    original = ExecutionContext({"lo": 1, "hi": 2})
+    copy = original.copy()
+    copy.put("lo", 5)
+    assert original["lo"] == 1 and copy.to_json() == '{"hi": 2, "lo": 5}'
+    nested = ExecutionContext({"list": [1, 2]})
+    clone = nested.copy()
+    clone["list"].append(3)
+    assert nested["list"] == [1, 2]
