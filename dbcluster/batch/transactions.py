@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -77,6 +79,53 @@ class Transactions:
     def __init__(self, engine: Engine, policy: RetryPolicy | None = None) -> None:
         self.engine = engine
         self.policy = policy or RetryPolicy()
+        #: Per thread: whether it is :meth:`holding`, and the connection it holds.
+        self._held = threading.local()
+
+    @contextmanager
+    def holding(self) -> Iterator[None]:
+        """Within it, this thread's transactions run on one pooled connection, kept checked out
+        from one to the next (a worker's slot running partition after partition: the pool's
+        checkout and return cost more than a tiny partition's own statements). It goes back to
+        the pool on the way out, after a transaction that failed, and when its user changed its
+        execution options or closed it; a transaction begun inside another (the held connection
+        busy) takes a connection of its own."""
+        held = self._held
+        if getattr(held, "on", False):
+            yield
+            return
+        held.on = True
+        try:
+            yield
+        finally:
+            held.on = False
+            self._let_go()
+
+    def _let_go(self) -> None:
+        conn = getattr(self._held, "conn", None)
+        self._held.conn = None
+        if conn is not None:
+            conn.close()
+
+    def _connect(self) -> tuple[Connection, bool]:
+        """A connection for a transaction, and whether it is the one this thread holds."""
+        held = self._held
+        if not getattr(held, "on", False):
+            return self.engine.connect(), False
+        conn: Connection | None = getattr(held, "conn", None)
+        if conn is not None:
+            if conn.in_transaction():
+                return self.engine.connect(), False  # the held one is busy: a nested run
+            if (
+                conn.closed
+                or conn.invalidated
+                or conn.get_execution_options() is not self.engine.get_execution_options()
+            ):
+                self._let_go()
+            else:
+                return conn, True
+        conn = held.conn = self.engine.connect()
+        return conn, True
 
     def run(
         self,
@@ -107,7 +156,9 @@ class Transactions:
             attempt += 1
             committing = False
             try:
-                with self.engine.connect() as conn:
+                conn, held = self._connect()
+                done = False
+                try:
                     transaction = conn.begin()
                     try:
                         result = body(conn)
@@ -119,10 +170,16 @@ class Transactions:
                         points.reach("transaction.before_commit", conn=conn, **details)
                         committing = True
                         transaction.commit()
+                        done = True
                     except BaseException:
                         if transaction.is_active:
                             _roll_back(conn, transaction, what)
                         raise
+                finally:
+                    if not held:
+                        conn.close()
+                    elif not done:
+                        self._let_go()  # back to the pool, which judges it
                 return result
             except OptimisticLockingFailureError:
                 raise

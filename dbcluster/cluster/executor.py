@@ -96,6 +96,19 @@ class Executor:
         #: None before the first one ended.
         self.recent_run_ms: float | None = None
 
+    def warm(self) -> None:
+        """Build the statements of claims and final writes before the first partition comes
+        (compiling one takes milliseconds, with the interpreter's lock held: the node's other
+        slots would wait on it). A statement that cannot be built here fails where it is used,
+        and is handled there."""
+        try:
+            self.store.warm(self.capacity)
+            guard = self.store.end_partition_statement(PARTITION_COMPLETED)
+            if guard is not None:
+                self.repository.warm_final_writes(guard)
+        except Exception as exc:  # noqa: BLE001 - built again on first use
+            log.debug("could not build the worker's statements ahead: %s", exc)
+
     @property
     def load(self) -> int:
         """Partitions held: running, or claimed and waiting for a slot."""
@@ -180,10 +193,12 @@ class Executor:
             return True
 
     def _run(self, task: Task) -> None:
-        """A slot: the partition, then each one its final write claimed next."""
+        """A slot: the partition, then each one its final write claimed next, on one pooled
+        connection held from one to the next (see :meth:`Transactions.holding`)."""
         following: Task | None = task
-        while following is not None:
-            following = self._run_one(following)
+        with self.repository.transactions.holding():
+            while following is not None:
+                following = self._run_one(following)
 
     def _run_one(self, task: Task) -> Task | None:
         p, identity = task.partition, task.identity

@@ -467,30 +467,7 @@ class CoordinationStore:
         ids = list(step_execution_ids)
         node = {"b_node": node_id}
         select_claimed = self._select_claimed()
-
-        # The whole claim in one statement that commits on its own, where the database can;
-        # else a transaction of five.
-        claim_and_start = None
-        if with_jobs:
-            claim_and_start = self.prepared(
-                "claim and start, reading jobs",
-                lambda: provider.claim_and_start_reading_jobs(*_claim_binds()),
-            )
-            with_jobs = claim_and_start is not None
-        if claim_and_start is None:
-            claim_and_start = self.prepared(
-                "claim and start", lambda: provider.claim_and_start(*_claim_binds())
-            )
-        # Compiled once for this many ids where it can be (see dbcluster.prebuilt): the text
-        # SQLAlchemy would send, without its per-execution compilation of the IN list.
-        prebuilt_claim = (
-            self.prepared(
-                ("claim and start, prebuilt", with_jobs, len(ids)),
-                lambda: Prebuilt.build(claim_and_start, self.engine.dialect, {"b_ids": len(ids)}),
-            )
-            if claim_and_start is not None and ids
-            else None
-        )
+        claim_and_start, prebuilt_claim = self._claim_statement(with_jobs, len(ids))
 
         touch = lambda: provider.touch_node(bindparam("b_node"), bindparam("b_load"))  # noqa: E731
 
@@ -585,6 +562,40 @@ class CoordinationStore:
             {"b_node": node_id, "b_ids": list(step_execution_ids)},
         )
         return self._claimed(row._mapping for row in rows)
+
+    def _claim_statement(self, with_jobs: bool, count: int) -> tuple[Any, Prebuilt | None]:
+        """The one-statement claim (None where the database has none), reading back the jobs
+        where asked and it can; and its prebuilt form for ``count`` ids where it has one."""
+        provider = self.provider
+        # The whole claim in one statement that commits on its own, where the database can;
+        # else a transaction of five.
+        claim_and_start = None
+        if with_jobs:
+            claim_and_start = self.prepared(
+                "claim and start, reading jobs",
+                lambda: provider.claim_and_start_reading_jobs(*_claim_binds()),
+            )
+            with_jobs = claim_and_start is not None
+        if claim_and_start is None:
+            claim_and_start = self.prepared(
+                "claim and start", lambda: provider.claim_and_start(*_claim_binds())
+            )
+        if claim_and_start is None or not count:
+            return claim_and_start, None
+        # Compiled once for this many ids where it can be (see dbcluster.prebuilt): the text
+        # SQLAlchemy would send, without its per-execution compilation of the IN list.
+        prebuilt: Prebuilt | None = self.prepared(
+            ("claim and start, prebuilt", with_jobs, count),
+            lambda: Prebuilt.build(claim_and_start, self.engine.dialect, {"b_ids": count}),
+        )
+        return claim_and_start, prebuilt
+
+    def warm(self, most: int) -> None:
+        """Build now the claims of 1 to ``most`` partitions a worker sends (instead of on its
+        first claims, while partitions wait)."""
+        for count in range(1, most + 1):
+            for with_jobs in (True, False):
+                self._claim_statement(with_jobs, count)
 
     def chained(self, row: Any) -> ClaimedPartition | None:
         """The partition a final write claimed next (see ``PartitionFence.chained``), or None

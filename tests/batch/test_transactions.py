@@ -65,3 +65,80 @@ def test_a_read_that_outlived_the_deadline_is_still_repeated(engine: Engine) -> 
         return "read"
 
     assert Transactions(engine, _policy(deadline_s=0.1)).read(work) == "read"
+
+
+def _checkouts(engine: Engine) -> list[int]:
+    from sqlalchemy import event
+
+    seen: list[int] = []
+    event.listen(engine, "checkout", lambda dbapi, record, proxy: seen.append(id(dbapi)))
+    return seen
+
+
+def test_a_thread_holding_runs_its_transactions_on_one_connection(engine: Engine) -> None:
+    """Holding, one thread's transactions share one pooled connection (no checkout and return
+    between them); outside, each checks one out; on the way out it goes back to the pool."""
+    tx = Transactions(engine, _policy())
+    seen = _checkouts(engine)
+    select_one = lambda conn: conn.execute(text("SELECT 1")).scalar_one()  # noqa: E731
+    with tx.holding():
+        for _ in range(5):
+            assert tx.run(select_one) == 1
+        with tx.holding():  # nested: the same hold
+            assert tx.run(select_one) == 1
+    assert len(seen) == 1
+    assert engine.pool.checkedout() == 0
+    tx.run(select_one)
+    tx.run(select_one)
+    assert len(seen) == 3
+
+
+def test_a_held_connection_goes_back_after_a_failure_and_a_changed_connection(
+    engine: Engine,
+) -> None:
+    """A transaction that fails (repeated or not) returns the held connection to the pool, which
+    judges it; so does one whose user changed its execution options. A
+    transaction begun inside another takes a connection of its own."""
+    tx = Transactions(engine, _policy())
+    seen = _checkouts(engine)
+    tries: list[int] = []
+
+    def blips_once(conn) -> int:
+        tries.append(1)
+        if len(tries) == 1:
+            raise Blip("lost connection during query")
+        return 1
+
+    with tx.holding():
+        assert tx.run(blips_once) == 1
+        assert len(seen) == 2  # the failed try's connection went back; the repetition took one
+        with pytest.raises(ZeroDivisionError):
+            tx.run(lambda conn: 1 / 0)
+        tx.run(lambda conn: conn.execution_options(logging_token="changed"))
+        tx.run(lambda conn: None)  # the connection with changed options is not reused
+        tx.run(lambda conn: None)
+        assert len(seen) == 4
+
+        def nested(conn) -> int:
+            return tx.run(lambda inner: 2 if inner is not conn else -1)
+
+        assert tx.run(nested) == 2
+        assert len(seen) == 5
+    assert engine.pool.checkedout() == 0
+
+
+def test_holding_is_per_thread(engine: Engine) -> None:
+    """Another thread's transactions do not use the connection one thread holds."""
+    import threading
+
+    tx = Transactions(engine, _policy())
+    used: list[object] = []
+    with tx.holding():
+        tx.run(lambda conn: used.append(conn.connection.dbapi_connection))
+        other = threading.Thread(
+            target=lambda: tx.run(lambda conn: used.append(conn.connection.dbapi_connection))
+        )
+        other.start()
+        other.join()
+        tx.run(lambda conn: used.append(conn.connection.dbapi_connection))
+    assert used[0] is used[2] and used[1] is not used[0]
