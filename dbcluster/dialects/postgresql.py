@@ -29,7 +29,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, aggregate_order_by
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
-from sqlalchemy.types import NullType, TypeEngine
+from sqlalchemy.types import NullType, TypeDecorator, TypeEngine
 
 from dbcluster.dialects.base import Listener, QueryProvider, SessionLimits
 from dbcluster.schema import PARAMETER_COLUMNS, ShortText, nodes
@@ -68,6 +68,40 @@ def _array_element(column_type: TypeEngine[Any]) -> TypeEngine[Any]:
     return column_type
 
 
+class _BinaryList(list):  # type: ignore[type-arg]
+    """A list psycopg sends in the binary format (see :class:`_Array`)."""
+
+
+def _send_binary_lists() -> None:
+    """Have psycopg send :class:`_BinaryList` in the binary format (on connections made from
+    now on: called before an engine makes its first)."""
+    from psycopg import adapters
+    from psycopg.types.array import ListBinaryDumper
+
+    adapters.register_dumper(_BinaryList, ListBinaryDumper)
+
+
+class _Array(TypeDecorator[list[Any]]):
+    """An array parameter. On psycopg its list goes in the binary format: psycopg sends a list
+    in PostgreSQL's array text otherwise, quoting each string through regular expressions
+    (25 ms for the contexts of a 2,000-partition launch, against 0.5 ms). Other lists a user
+    binds on the same engine are left as psycopg sends them."""
+
+    impl = ARRAY
+    cache_ok = True
+
+    def __init__(self, item_type: TypeEngine[Any]) -> None:
+        super().__init__(item_type)
+
+    def bind_processor(self, dialect: Any) -> Any:
+        process = self.impl_instance.dialect_impl(dialect).bind_processor(dialect)
+        if dialect.driver != "psycopg":
+            return process
+        if process is None:
+            return lambda value: value if value is None else _BinaryList(value)
+        return lambda value: value if value is None else _BinaryList(process(value))
+
+
 def _sqlstate(orig: BaseException | None) -> str | None:
     """The error's SQLSTATE: psycopg gives ``sqlstate``, psycopg2 ``pgcode``."""
     return getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
@@ -102,7 +136,7 @@ class PostgreSQLProvider(QueryProvider):
     ) -> Insert | None:
         """``INSERT INTO t (...) SELECT ... FROM unnest(%(a_x)s::T[], ...) AS rows(x, ...)``."""
         arrays = [
-            bindparam(f"a_{name}", type_=ARRAY(_array_element(table.c[name].type)))
+            bindparam(f"a_{name}", type_=_Array(_array_element(table.c[name].type)))
             for name in columns
         ]
         rows = func.unnest(*arrays).table_valued(*columns).render_derived(name="dbc_rows")
@@ -110,6 +144,13 @@ class PostgreSQLProvider(QueryProvider):
         return insert(table).from_select(
             [*columns, *extra], select(*(rows.c[name] for name in columns), *extra.values())
         )
+
+    def configure_engine(
+        self, engine: Engine, *, coordination: bool = False, autocommit: bool = False
+    ) -> None:
+        super().configure_engine(engine, coordination=coordination, autocommit=autocommit)
+        if engine.dialect.driver == "psycopg":
+            _send_binary_lists()
 
     def older_than(self, column: ColumnElement[Any], ms: int) -> ColumnElement[bool]:
         return column < self.now() - literal(timedelta(milliseconds=ms), Interval())
@@ -185,7 +226,7 @@ class PostgreSQLProvider(QueryProvider):
                 *(bindparam(name, type_=child.c[name].type) for name in others),
                 *(
                     func.unnest(
-                        bindparam(f"a_{name}", type_=ARRAY(_array_element(child.c[name].type)))
+                        bindparam(f"a_{name}", type_=_Array(_array_element(child.c[name].type)))
                     )
                     for name in arrays
                 ),
@@ -212,7 +253,7 @@ class PostgreSQLProvider(QueryProvider):
         return then.add_cte(write.cte("dbc_first"))
 
     def notify_parameter(self, name: str) -> Any:
-        return bindparam(name, type_=ARRAY(Text()))
+        return bindparam(name, type_=_Array(Text()))
 
     def open_listener(self, engine: Engine, channel: str) -> Listener:
         if not _CHANNEL.match(channel):

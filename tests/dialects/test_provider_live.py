@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from sqlalchemy import Engine, func, insert, select, update
 
 from dbcluster.dialects.base import (
@@ -303,3 +304,56 @@ def test_keys_compare_case_and_accent_sensitively(backend: Backend) -> None:
             assert list(found) == [name]
         nodes_found = conn.execute(select(nodes.c.node_id)).scalars().all()
     assert sorted(nodes_found) == sorted(["Node-1", "node-1", "nöde-1"])
+
+
+def test_array_parameters_carry_every_value_as_bound(backend: Backend) -> None:
+    """Rows inserted from array parameters (one per column) read back as bound: text that
+    PostgreSQL's array text would have to quote and escape, NULLs, big integers, flags and
+    times. On psycopg these lists go in the binary format; a list a user binds on the same
+    engine is sent as psycopg sends it by default."""
+    from dbcluster.dialects.base import array_parameters
+
+    provider = backend.provider
+    columns = [
+        "step_name",
+        "version",
+        "job_execution_id",
+        "status",
+        "exit_message",
+        "create_time",
+        "start_time",
+    ]
+    statement = provider.insert_from_arrays(step_execution, columns)
+    if statement is None:
+        pytest.skip("no array insert on this database: its rows go as an executemany")
+    when = datetime(2026, 12, 2, 11, 0, 0, 123456)
+    names = ['a"b', "{x,y}", "back\\slash", "é ünicode", "", "NULL", "trailing "]
+    job_execution_id, _, made = make_partitions(backend.engine, provider, 1, "n")
+    rows_before = len(made) + 1  # the master step and its partition
+    rows = [
+        {
+            "step_name": name,
+            "version": 2**40 + i,
+            "job_execution_id": job_execution_id,
+            "status": "STARTED",
+            "exit_message": None if i % 2 else name,
+            "create_time": when,
+            "start_time": None if i % 3 == 0 else when,
+        }
+        for i, name in enumerate(names)
+    ]
+    with backend.engine.begin() as conn:
+        conn.execute(statement, array_parameters(rows, columns))
+        found = conn.execute(
+            select(*(step_execution.c[c] for c in columns))
+            .where(step_execution.c.job_execution_id == job_execution_id)
+            .order_by(step_execution.c.step_execution_id)
+        ).all()
+    assert [dict(zip(columns, row, strict=True)) for row in found[rows_before:]] == rows
+    if backend.engine.dialect.driver == "psycopg":
+        from psycopg.adapt import PyFormat
+        from psycopg.types.array import ListBinaryDumper
+
+        with backend.engine.connect() as conn:
+            adapters = conn.connection.dbapi_connection.adapters
+            assert not issubclass(adapters.get_dumper(list, PyFormat.AUTO), ListBinaryDumper)
