@@ -9,10 +9,14 @@ from typing import Any
 
 from dbcluster.batch.exceptions import ContextValueError
 
+#: Integers this far from 0 are plain values (a longer one still goes through JSON, which may
+#: refuse it: past the interpreter's limit on digits).
+_INT64 = 1 << 63
+
 
 def _normalize(key: str, value: Any) -> Any:
     kind = type(value)
-    if kind is str or kind is int or kind is bool or value is None:
+    if kind is str or kind is bool or value is None or (kind is int and -_INT64 <= value < _INT64):
         return value  # JSON gives it back as it is (a partitioner puts thousands of these)
     if kind is float and math.isfinite(value):
         return value

@@ -67,7 +67,9 @@ _SOME_STEPS = _SE.c.step_execution_id.in_(bindparam("b_ids", expanding=True))
 _STEPS_BETWEEN = _SE.c.step_execution_id.between(bindparam("b_low"), bindparam("b_high"))
 _TOTALS = select(
     func.count(),
-    func.sum(case((_SE.c.status == BatchStatus.COMPLETED.value, 1), else_=0)),
+    # No bound value as the CASE's result: Db2 refuses an untyped marker in a function's
+    # arguments.
+    func.count(case((_SE.c.status == BatchStatus.COMPLETED.value, _SE.c.step_execution_id))),
     *(func.sum(_SE.c[name]) for name in COUNTER_NAMES),
 )
 _UNFINISHED = select(_SE.c.step_execution_id, _SE.c.step_name, _SE.c.status, _SE.c.exit_code).where(
@@ -1396,7 +1398,7 @@ class JobRepository:
                     counters[name] += int(value or 0)
                 if int(totals[1] or 0) < int(totals[0]):
                     unfinished.extend(
-                        (int(r[0]), r[1], BatchStatus(r[2]), r[3] or "")
+                        (int(r[0]), r[1], BatchStatus(r[2]), r[3] or "UNKNOWN")
                         for r in c.execute(unfinished_of, params)
                     )
         unfinished.sort(key=lambda r: r[0])

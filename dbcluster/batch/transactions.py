@@ -31,6 +31,11 @@ from dbcluster.testing import points
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
+#: A held connection (see :meth:`Transactions.holding`) idle longer than this goes back to the
+#: pool, which pings or recycles a connection that sat idle as it does any other (a chunk read
+#: for long between its writes must not find its session ended by the server's idle timeout).
+HOLD_IDLE_S = 1.0
+
 
 def connection_invalidated(error: BaseException) -> bool:
     """SQLAlchemy's own judgement: the connection was lost (a disconnect)."""
@@ -88,8 +93,9 @@ class Transactions:
         from one to the next (a worker's slot running partition after partition: the pool's
         checkout and return cost more than a tiny partition's own statements). It goes back to
         the pool on the way out, after a transaction that failed, and when its user changed its
-        execution options or closed it; a transaction begun inside another (the held connection
-        busy) takes a connection of its own."""
+        execution options or closed it, when it sat idle longer than :data:`HOLD_IDLE_S` or
+        the pool invalidated its connections since it was made; a transaction begun inside
+        another (the held connection busy) takes a connection of its own."""
         held = self._held
         if getattr(held, "on", False):
             yield
@@ -107,6 +113,20 @@ class Transactions:
         if conn is not None:
             conn.close()
 
+    def _stale(self, conn: Connection) -> bool:
+        """Whether the held connection must go back to the pool before its next transaction."""
+        if (
+            conn.closed
+            or conn.invalidated
+            or conn.get_execution_options() is not self.engine.get_execution_options()
+            or time.monotonic() - getattr(self._held, "since", 0.0) > HOLD_IDLE_S
+        ):
+            return True
+        # The pool invalidated every connection it had made before a disconnect it saw.
+        record = getattr(conn.connection, "_connection_record", None)
+        invalidated_at = getattr(self.engine.pool, "_invalidate_time", 0)
+        return record is not None and getattr(record, "starttime", invalidated_at) < invalidated_at
+
     def _connect(self) -> tuple[Connection, bool]:
         """A connection for a transaction, and whether it is the one this thread holds."""
         held = self._held
@@ -116,14 +136,9 @@ class Transactions:
         if conn is not None:
             if conn.in_transaction():
                 return self.engine.connect(), False  # the held one is busy: a nested run
-            if (
-                conn.closed
-                or conn.invalidated
-                or conn.get_execution_options() is not self.engine.get_execution_options()
-            ):
-                self._let_go()
-            else:
+            if not self._stale(conn):
                 return conn, True
+            self._let_go()
         conn = held.conn = self.engine.connect()
         return conn, True
 
@@ -180,6 +195,8 @@ class Transactions:
                         conn.close()
                     elif not done:
                         self._let_go()  # back to the pool, which judges it
+                    else:
+                        self._held.since = time.monotonic()
                 return result
             except OptimisticLockingFailureError:
                 raise

@@ -205,6 +205,8 @@ def test_a_context_of_plain_values_keeps_them_as_json_would_and_copies_apart() -
         assert ctx[key] == again and type(ctx[key]) is type(again)
     ctx.put("t", (1, 2))
     assert ctx["t"] == [1, 2]
+    with pytest.raises(ContextValueError):  # past the interpreter's digits for str(int)
+        ctx.put("huge", 10**5000)
     with pytest.raises(ContextValueError):
         ctx.put("nan", math.nan)
     original = ExecutionContext({"lo": 1, "hi": 2})

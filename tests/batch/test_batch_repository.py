@@ -317,8 +317,20 @@ def test_what_a_partitioned_step_aggregates_reads_as_its_partitions_would(
         repo.update_step_execution(se)
     ids = [se.id for se in made]
 
+    # An exit code stored as NULL (Oracle stores '' so) reads as UNKNOWN, as a step reads it.
+    from sqlalchemy import update
+
+    from dbcluster.schema import step_execution
+
+    with repo.engine.begin() as conn:
+        conn.execute(
+            update(step_execution)
+            .where(step_execution.c.step_execution_id == made[11].id)
+            .values(exit_code=None)
+        )
     read = repo.partitions_ended(ids)
     expected = PartitionsEnded.of(repo.get_step_executions_by_ids(execution, ids))
+    assert ("w:p0011", BatchStatus.STOPPED, "UNKNOWN") in read.unfinished
     assert read == expected
     # Not one run of consecutive ids (read per IN list): the same as the step executions give.
     some = [i for n, i in enumerate(ids) if n % 5 != 1]

@@ -142,3 +142,31 @@ def test_holding_is_per_thread(engine: Engine) -> None:
         other.join()
         tx.run(lambda conn: used.append(conn.connection.dbapi_connection))
     assert used[0] is used[2] and used[1] is not used[0]
+
+
+def test_a_held_connection_idle_too_long_goes_back_to_the_pool(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A slot whose connection sat idle between transactions (a chunk read for long) gives it
+    back to the pool, which pings or recycles an idle connection as it does any other; so does
+    one the pool invalidated (with all it had made) after a disconnect it saw."""
+    import dbcluster.batch.transactions as transactions
+
+    monkeypatch.setattr(transactions, "HOLD_IDLE_S", 0.05)
+    tx = Transactions(engine, _policy())
+    seen = _checkouts(engine)
+    with tx.holding():
+        tx.run(lambda conn: None)
+        tx.run(lambda conn: None)
+        assert len(seen) == 1
+        deadline = time.monotonic() + 0.2
+        while time.monotonic() < deadline:
+            time.sleep(0.01)
+        tx.run(lambda conn: None)
+        assert len(seen) == 2
+        monkeypatch.setattr(transactions, "HOLD_IDLE_S", 60.0)
+        with engine.connect() as other:  # a checkout of its own
+            engine.pool._invalidate(other.connection)  # as on a disconnect it saw
+        tx.run(lambda conn: None)
+        assert len(seen) == 4
+    assert engine.pool.checkedout() == 0
