@@ -172,13 +172,12 @@ def cluster_run(
     otherwise; a timed pass runs without their listeners."""
     if count_statements is None:
         count_statements = tap is not None
-    if count_statements:
-        counting.install()
-    else:
-        counting.uninstall()
     worker_url = tap.worker_url if tap is not None else db
     env = tap.worker_env if tap is not None else {}
-    with worker_pool(worker_url, settings, env, count_statements=count_statements) as pool:
+    with (
+        counting.statements_counted(count_statements),
+        worker_pool(worker_url, settings, env, count_statements=count_statements) as pool,
+    ):
         pool.start(workers, concurrency=concurrency)
         pool.wait_registered(engine, workers, timeout=register_timeout)
         master_engine = make_engine(tap.url) if tap is not None else engine

@@ -21,6 +21,8 @@ import re
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +96,24 @@ def uninstall() -> None:
     event.remove(Engine, "before_cursor_execute", _on_execute)
     event.remove(Engine, "commit", _on_commit)
     _installed = False
+
+
+@contextmanager
+def statements_counted(on: bool) -> Iterator[None]:
+    """Within: SQLAlchemy's statement events counted (``on``) or not; after: as before (the
+    listeners are on every engine of the process, a test's too)."""
+    was = _installed
+    if on:
+        install()
+    else:
+        uninstall()
+    try:
+        yield
+    finally:
+        if was:
+            install()
+        else:
+            uninstall()
 
 
 def install_trace() -> SqliteTrace:

@@ -109,9 +109,8 @@ def overhead(url: str | None, p: Params) -> dict[str, Any]:
         )
         round_trips: dict[str, Any] = {}
         if p.counting:
-            with counting_tap(db) as tap:
+            with counting_tap(db) as tap, counting.statements_counted(True):
                 local_meter = Meter(tap)
-                counting.install()
                 counting.reset()
                 tap_engine = make_engine(tap.url) if tap is not None else engine
                 with local_meter:

@@ -401,10 +401,28 @@ def test_a_statement_longer_than_the_drivers_cache_reads_the_same_on_the_driver(
     raw_driver = getattr(engine.dialect.dbapi, "RawCursor", None) is not None
     assert (built.raw is not None) == raw_driver
     params = {f"b_value_number_{i}": i * 7 for i in range(120)}
+    from dbcluster.dialects import make_engine
     from dbcluster.prebuilt import _direct
 
-    with engine.begin() as conn:
-        assert _direct(conn), "the driver's path is what this test reads"
-        ours = built.one(conn, params)
-        theirs = conn.execute(wide, params).one()
+    # An engine of its own: a listener another test left on the shared one would send the
+    # statement through SQLAlchemy (then this test would read nothing of the driver's path).
+    own = make_engine(backend.url)
+    try:
+        with own.begin() as conn:
+            assert _direct(conn), _seen_by(conn)
+            ours = built.one(conn, params)
+            theirs = conn.execute(wide, params).one()
+    finally:
+        own.dispose()
     assert tuple(ours) == tuple(theirs) == tuple(i * 7 for i in range(120))
+
+
+def _seen_by(conn: Any) -> str:
+    """What keeps a statement off the driver's path on ``conn`` (see ``prebuilt._direct``)."""
+    return (
+        "the driver's path is what this test reads, but: "
+        f"echo={getattr(conn, '_echo', None)} "
+        f"before={list(conn.dispatch.before_cursor_execute)} "
+        f"after={list(conn.dispatch.after_cursor_execute)} "
+        f"do_execute={list(conn.dialect.dispatch.do_execute)}"
+    )
