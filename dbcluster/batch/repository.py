@@ -1190,13 +1190,6 @@ class JobRepository:
             found = self._folded[key] = Prebuilt.build(statement, dialect) or statement
         return found
 
-    def warm_final_writes(self, guard: Any) -> None:
-        """Build now the final writes folded with ``guard`` that a worker's partitions send
-        (with the claim of the next and without), instead of on its first partitions."""
-        if self._fold is not None:
-            for then in (True, False):
-                self._folded_write(guard, False, then, self.engine.dialect)
-
     def update_step_execution(
         self,
         execution: StepExecution,

@@ -96,19 +96,6 @@ class Executor:
         #: None before the first one ended.
         self.recent_run_ms: float | None = None
 
-    def warm(self) -> None:
-        """Build the statements of claims and final writes before the first partition comes
-        (compiling one takes milliseconds, with the interpreter's lock held: the node's other
-        slots would wait on it). A statement that cannot be built here fails where it is used,
-        and is handled there."""
-        try:
-            self.store.warm(self.capacity)
-            guard = self.store.end_partition_statement(PARTITION_COMPLETED)
-            if guard is not None:
-                self.repository.warm_final_writes(guard)
-        except Exception as exc:  # noqa: BLE001 - built again on first use
-            log.debug("could not build the worker's statements ahead: %s", exc)
-
     @property
     def load(self) -> int:
         """Partitions held: running, or claimed and waiting for a slot."""

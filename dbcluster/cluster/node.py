@@ -305,7 +305,6 @@ class Node:
             from dbcluster.cluster.worker import Worker
 
             self.worker = Worker(self)
-            self.worker.executor.warm()
             self.services.add(self.worker)
             listen = self.engines.autocommit
             if listen is not None and get_provider(listen).supports_listen_notify:

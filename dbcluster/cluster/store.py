@@ -590,13 +590,6 @@ class CoordinationStore:
         )
         return claim_and_start, prebuilt
 
-    def warm(self, most: int) -> None:
-        """Build now the claims of 1 to ``most`` partitions a worker sends (instead of on its
-        first claims, while partitions wait)."""
-        for count in range(1, most + 1):
-            for with_jobs in (True, False):
-                self._claim_statement(with_jobs, count)
-
     def chained(self, row: Any) -> ClaimedPartition | None:
         """The partition a final write claimed next (see ``PartitionFence.chained``), or None
         when it won none."""

@@ -122,39 +122,3 @@ def test_the_folded_write_is_used_where_the_database_can(backend: Backend) -> No
 
     folds = JobRepository(backend.engine).folds_guards
     assert folds == backend.provider.supports_writable_cte
-
-
-def test_a_worker_builds_its_claims_and_final_writes_before_its_first_partition(
-    backend: Backend, make_cluster: Any
-) -> None:
-    """A node that takes partitions builds, as it starts, the claims of 1 to its capacity (the
-    ones that read back their jobs too) and the final writes of a completing partition, with
-    and without the claim of the next: its first partitions compile nothing while the others
-    wait on the interpreter's lock."""
-    from dbcluster.cluster.store import _claim_binds
-    from dbcluster.dialects.base import PARTITION_COMPLETED
-
-    worker = make_cluster(SETTINGS)
-    node = worker.node
-    store, repository = node.store, node.repository
-    assert node.worker is not None
-    capacity = node.worker.executor.capacity
-    claims = {
-        key
-        for key in store._prepared
-        if isinstance(key, tuple) and key[:1] == ("claim and start, prebuilt",)
-    }
-    if store.provider.claim_and_start(*_claim_binds()) is not None:
-        expected = {
-            ("claim and start, prebuilt", with_jobs, count)
-            for count in range(1, capacity + 1)
-            for with_jobs in (
-                (True, False)
-                if store.provider.claim_and_start_reading_jobs(*_claim_binds()) is not None
-                else (False,)
-            )
-        }
-        assert claims == expected
-    guard = store.end_partition_statement(PARTITION_COMPLETED)
-    if guard is not None and repository.folds_guards:
-        assert {(guard, False, True), (guard, False, False)} <= set(repository._folded)
