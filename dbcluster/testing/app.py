@@ -136,12 +136,32 @@ if os.environ.get("DBCLUSTER_FAULT_CUT_FILE"):  # set by the fault harness for i
 
     install_cut_switch(os.environ["DBCLUSTER_FAULT_CUT_FILE"])
 
-#: Short thresholds for tests: a dead node is removed after one second.
+
+def _time_scale() -> float:
+    """``DBCLUSTER_TEST_TIME_SCALE`` (a number, at least 1; default 1): how much longer than
+    the fast thresholds below a node may go without a heartbeat before it is judged, fences
+    itself or is removed. On a loaded 2-core host an in-process node's heartbeat can stall past
+    the 900 ms the unscaled settings allow (the node then fences itself, correctly, and a test
+    expecting an exact count, an unchanged node id or no takeover fails); a slow machine's CI
+    sets a scale instead of every test guessing its own margin. Intervals are not scaled."""
+    raw = os.environ.get("DBCLUSTER_TEST_TIME_SCALE", "1")
+    try:
+        scale = float(raw)
+    except ValueError:
+        raise ValueError(f"DBCLUSTER_TEST_TIME_SCALE must be a number, not {raw!r}") from None
+    if not scale >= 1:
+        raise ValueError(f"DBCLUSTER_TEST_TIME_SCALE must be at least 1, not {raw!r}")
+    return scale
+
+
+TIME_SCALE = _time_scale()
+
+#: Short thresholds for tests: a dead node is removed after one second (times TIME_SCALE).
 FAST_SETTINGS = ClusterSettings(
     heartbeat_interval=100,
     task_polling_interval=50,
-    unreachable_threshold=500,
-    cleanup_threshold=1000,
+    unreachable_threshold=round(500 * TIME_SCALE),
+    cleanup_threshold=round(1000 * TIME_SCALE),
     sweep_interval=100,
     master_check_interval=50,
     orphan_check_interval=100,
