@@ -171,11 +171,7 @@ def cluster_run(
     (``statements``) in a counting pass (through ``tap``) unless ``count_statements`` says
     otherwise; a timed pass runs without their listeners."""
     if count_statements is None:
-        # Not where a wire proxy counts: a statement listener keeps hot statements off the
-        # driver's own path (see dbcluster.prebuilt), which on PostgreSQL sends a partition's
-        # final write with its COMMIT in one round trip; the pass would count a path the timed
-        # pass did not take (the proxy counts statements by kind itself).
-        count_statements = tap is not None and tap.remote is None
+        count_statements = tap is not None
     worker_url = tap.worker_url if tap is not None else db
     env = tap.worker_env if tap is not None else {}
     with (
