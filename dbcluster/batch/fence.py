@@ -62,15 +62,14 @@ class FoldedGuard:
     params: dict[str, Any]
     #: The error to raise when the guard changed no row.
     refused: Callable[[], FencedError]
-    #: Called once the write changed the owner row and the step's (before ``COMMIT``, or
-    #: with it where the write was sent with the ``COMMIT``).
+    #: Called once the write changed the owner row and the step's (before ``COMMIT``).
     done: Callable[[], None]
     #: The parameters of what the owner asks to write next in the same statement, once the
     #: step's write changed its rows (a cluster node claims its next partition there: see
     #: ``QueryProvider.fold_guard``); None: nothing.
     then_params: dict[str, Any] | None = None
     #: Given the statement's row when ``then_params`` was written (before ``COMMIT``: the
-    #: transaction may still roll back or be tried again; or with it, as ``done``).
+    #: transaction may still roll back or be tried again).
     took: Callable[[Any], None] | None = None
 
 

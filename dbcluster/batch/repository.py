@@ -26,12 +26,11 @@ from sqlalchemy import (
     exists,
     func,
     insert,
-    literal_column,
     select,
     true,
     update,
 )
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import IntegrityError
 
 from dbcluster import schema
 from dbcluster.batch.context import ExecutionContext
@@ -50,12 +49,7 @@ from dbcluster.batch.status import BatchStatus, ExitStatus
 from dbcluster.batch.transactions import RetryPolicy, Transactions
 from dbcluster.dialects.base import array_parameters
 from dbcluster.inlists import in_batches
-from dbcluster.prebuilt import (
-    Prebuilt,
-    PrebuiltStatements,
-    commits_in_pipeline,
-    driver_pipelines,
-)
+from dbcluster.prebuilt import Prebuilt, PrebuiltStatements
 
 log = logging.getLogger(__name__)
 
@@ -395,17 +389,6 @@ def _also_writing_a_context(statement: Any | None) -> Any | None:
     return select(count).add_cte(statement.cte("dbc_rows"), written)
 
 
-def _stale(execution: StepExecution, one_statement: bool) -> OptimisticLockingFailureError:
-    """The refusal of a step execution's write whose version moved on (or, written in one
-    statement with its context, whose context row is gone)."""
-    return OptimisticLockingFailureError(
-        f"step execution {execution.id} ({execution.step_name!r}, version "
-        f"{execution.version}) was updated by someone else"
-        f"{' or its context no longer exists' if one_statement else ''}; "
-        f"this update was refused"
-    )
-
-
 def _context_gone(execution: StepExecution) -> str:
     return (
         f"the context of step execution {execution.id} ({execution.step_name!r}) no longer exists"
@@ -582,12 +565,6 @@ class JobRepository:
         self._instance_if_absent_with_step = _with_first_step(self._instance_if_absent)
         #: Builds a step's final write with its fence's guard in one statement (None: apart).
         self._fold = provider.fold_guard if provider.supports_writable_cte else None
-        #: Whether that statement fails when its guard or write is refused (see
-        #: ``QueryProvider.refusal``): it may then be sent with the COMMIT.
-        self._refuses = (
-            self._fold is not None and provider.refusal(literal_column("0"), 0) is not None
-        )
-        self._provider = provider
         self._folded: dict[tuple[Any, bool], Any] = {}
         #: The launch's statements above, prebuilt (see :mod:`dbcluster.prebuilt`).
         self._prebuilt = PrebuiltStatements(engine.dialect)
@@ -1195,13 +1172,6 @@ class JobRepository:
         return result
 
     @property
-    def commits_with_final_write(self) -> bool:
-        """Whether a step's final write with its fence's guard is sent with the ``COMMIT`` in
-        one round trip (a refused guard failing the statement; see :meth:`_write_folded`):
-        nothing holds the owner row before that flight."""
-        return self._refuses and driver_pipelines(self.engine.dialect)
-
-    @property
     def folds_guards(self) -> bool:
         """Whether :meth:`update_step_execution` runs a fence's guard in its own statement."""
         return self._fold is not None
@@ -1242,87 +1212,38 @@ class JobRepository:
         if context:
             text = execution.execution_context.to_json()
             values.update(_context_values(execution.id, text))
-
-        def written() -> None:
-            execution.version += 1
-            execution.last_updated = now
-            if text is not None:
-                execution.execution_context.mark_saved(text)
-
         with self.transaction(conn) as c:
             if guard is not None:
-                self._write_folded(c, execution, guard, values, context, written)
-                return
-            if combined is not None:  # both rows or neither: 0 is a refusal
+                then = guard.then_params is not None
+                params = {**values, **guard.params, **(guard.then_params or {})}
+                write = self._folded_write(guard.statement, context, then, c.dialect)
+                if isinstance(write, Prebuilt):
+                    row = write.one(c, params)
+                else:
+                    row = c.execute(write, params).one()
+                if row.guarded != 1:
+                    raise guard.refused()
+                refused = row.written != 1
+                if then and not refused and guard.took is not None:
+                    guard.took(row._mapping)
+            elif combined is not None:  # both rows or neither: 0 is a refusal
                 refused = c.execute(combined, values).rowcount == 0
             else:
                 if context:
                     self._write_step_context(c, execution, values)
                 refused = c.execute(_UPDATE_STEP, values).rowcount != 1
             if refused:
-                raise _stale(execution, combined is not None)
-        written()
-
-    def _write_folded(
-        self,
-        c: Connection,
-        execution: StepExecution,
-        guard: FoldedGuard,
-        values: dict[str, Any],
-        context: bool,
-        written: Callable[[], None],
-    ) -> None:
-        """:meth:`update_step_execution` with its fence's guard in one statement. Where the
-        statement raises when the guard or the write is refused (``QueryProvider.refusal``),
-        is the last of a :meth:`Transactions.run` on ``c`` and the driver can pipeline, it is
-        sent with the ``COMMIT`` in one round trip once the transaction ends (see
-        :meth:`Transactions.close_with`): the partition row is then taken in the very flight
-        that commits, and a refusal fails the statement, so the ``COMMIT`` behind it never
-        runs. Elsewhere it runs now and its counts are read."""
-        then = guard.then_params is not None
-        params = {**values, **guard.params, **(guard.then_params or {})}
-        write = self._folded_write(guard.statement, context, then, c.dialect)
-
-        def refusal(guarded: int, changed: int) -> Exception:
-            return guard.refused() if guarded != 1 else _stale(execution, context)
-
-        def took(row: Any) -> None:
-            if then and guard.took is not None:
-                guard.took(row._mapping)
-
-        def closing() -> None:
-            # Recorded before the flight: its COMMIT's acknowledgement may be lost and the
-            # commit found to have landed (the transaction's verify), with no row to read.
-            # A failure restores the step (commit_step) before anything reads them.
-            written()
-            guard.done()
-            took(run(commit=True))
-
-        def run(commit: bool) -> Any:
-            try:
-                if not isinstance(write, Prebuilt):
-                    return c.execute(write, params).one()
-                row = write.one_committing(c, params) if commit else None
-                return write.one(c, params) if row is None else row
-            except DBAPIError as error:
-                counts = self._provider.refusal_of(error)
-                if counts is None:
-                    raise
-                raise refusal(*counts) from None
-
-        if (
-            self._refuses
-            and isinstance(write, Prebuilt)
-            and commits_in_pipeline(c)
-            and self.transactions.close_with(c, closing)
-        ):
-            return
-        row = run(commit=False)
-        if row.guarded != 1 or row.written != 1:
-            raise refusal(row.guarded, row.written)
-        took(row)
-        written()
-        guard.done()
+                one_statement = combined is not None or (guard is not None and context)
+                raise OptimisticLockingFailureError(
+                    f"step execution {execution.id} ({execution.step_name!r}, version "
+                    f"{execution.version}) was updated by someone else"
+                    f"{' or its context no longer exists' if one_statement else ''}; "
+                    f"this update was refused"
+                )
+        execution.version += 1
+        execution.last_updated = now
+        if text is not None:
+            execution.execution_context.mark_saved(text)
 
     def update_step_execution_context(
         self, execution: StepExecution, conn: Connection | None = None

@@ -115,11 +115,10 @@ def commit_step(
                 folded = fold_finish(se, runtime)
                 if folded is not None:
                     # The fence's guard and the step's write in one statement (guard first).
-                    # The repository calls folded.done() once the write went through (with
-                    # the COMMIT, where it sends them together).
                     repository.update_step_execution(
                         se, conn, context=se.execution_context.dirty, guard=folded
                     )
+                    folded.done()
                     return result
                 se.fence.finish(conn, se)
             else:

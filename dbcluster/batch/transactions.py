@@ -142,20 +142,6 @@ class Transactions:
         conn = held.conn = self.engine.connect()
         return conn, True
 
-    def close_with(self, conn: Connection, closing: Callable[[], None]) -> bool:
-        """From inside :meth:`run`'s body on ``conn``: have ``closing`` end the transaction in
-        place of its ``COMMIT`` (it sends the transaction's last statement with the ``COMMIT``
-        behind it, in one round trip: see ``Prebuilt.one_committing``; one that finds it cannot
-        do so sends the statement and leaves the commit to :meth:`run`). It runs after the
-        body, once the fault points before ``COMMIT`` were reached, as a ``COMMIT`` would; a
-        failure is judged as a failed ``COMMIT`` is (an unclear outcome is verified). False,
-        registering nothing, outside a run on ``conn`` (the caller runs its statement now)."""
-        local = self._held
-        if getattr(local, "closable", None) is not conn or getattr(local, "closing", None):
-            return False
-        local.closing = closing
-        return True
-
     def run(
         self,
         body: Callable[[Connection], T],
@@ -184,20 +170,13 @@ class Transactions:
         while True:
             attempt += 1
             committing = False
-            local = self._held
-            outer = getattr(local, "closable", None), getattr(local, "closing", None)
             try:
                 conn, held = self._connect()
                 done = False
                 try:
                     transaction = conn.begin()
                     try:
-                        local.closable, local.closing = conn, None
-                        try:
-                            result = body(conn)
-                        finally:
-                            closing = local.closing
-                            local.closable, local.closing = outer
+                        result = body(conn)
                         if isinstance(point, str):
                             points.reach(point, conn=conn, **details)
                         elif point is not None:
@@ -205,8 +184,6 @@ class Transactions:
                                 points.reach(name, conn=conn, **details)
                         points.reach("transaction.before_commit", conn=conn, **details)
                         committing = True
-                        if closing is not None:
-                            closing()
                         transaction.commit()
                         done = True
                     except BaseException:

@@ -215,15 +215,6 @@ class Executor:
         fence = task.fence
         if fence is None or fence.outcome is None:
             return None
-        if fence.chained is None and fence.asked_for is not None:
-            # The final write asked for one but its row never came back: its COMMIT (sent with
-            # it) lost its acknowledgement and was found to have landed. What it claimed is
-            # read back and runs as any other claim.
-            try:
-                self._adopt_following(task)
-            except Exception as exc:  # noqa: BLE001 - its master recovers it once we leave
-                log.warning("could not read the partition claimed next: %s", exc)
-            return None
         try:
             won = self.store.chained(fence.chained)
             if won is None:

@@ -12,22 +12,16 @@ from typing import Any, ClassVar
 from sqlalchemy import (
     Engine,
     Insert,
-    Integer,
     Interval,
     Select,
     String,
     Table,
     Text,
-    and_,
     bindparam,
-    case,
-    cast,
     column,
     func,
     insert,
     literal,
-    literal_column,
-    null,
     select,
     type_coerce,
 )
@@ -58,10 +52,6 @@ _TRANSIENT_SQLSTATES = {
     "25P03",
     "57P05",
 }
-#: What a refused folded final write's error says (see :meth:`PostgreSQLProvider.refusal`),
-#: followed by its two counts.
-_REFUSED = "dbcluster refused"
-_REFUSED_COUNTS = re.compile(rf'"{_REFUSED} (\d+) (\d+)"')
 #: Connect failures that repeating will not cure.
 _PERMANENT_CONNECT_ERRORS = ("authentication failed", "does not exist", "no pg_hba.conf entry")
 
@@ -161,28 +151,6 @@ class PostgreSQLProvider(QueryProvider):
         super().configure_engine(engine, coordination=coordination, autocommit=autocommit)
         if engine.dialect.driver == "psycopg":
             _send_binary_lists()
-
-    def refusal(self, guarded: Any, written: Any) -> ColumnElement[Any] | None:
-        """``CASE WHEN guarded = 1 AND written = 1 THEN NULL ELSE CAST('dbcluster refused ' ||
-        guarded || ' ' || written AS INTEGER) END``: a text that is no integer fails the cast
-        (``invalid_text_representation``), only when the counts are not both 1. The text is
-        made from the counts, so the planner cannot fold the cast (and fail) ahead of time."""
-        one = literal_column("1")
-        # text || integer is text (anynonarray): no cast of the counts, a shorter statement.
-        text = (
-            literal_column(f"'{_REFUSED} '", Text())
-            .concat(guarded)
-            .concat(literal_column("' '", Text()))
-            .concat(written)
-        )
-        return case((and_(guarded == one, written == one), null()), else_=cast(text, Integer()))
-
-    def refusal_of(self, error: BaseException) -> tuple[int, int] | None:
-        orig = getattr(error, "orig", None) or error
-        if _sqlstate(orig) != "22P02":  # invalid_text_representation
-            return None
-        found = _REFUSED_COUNTS.search(str(orig))
-        return None if found is None else (int(found.group(1)), int(found.group(2)))
 
     def older_than(self, column: ColumnElement[Any], ms: int) -> ColumnElement[bool]:
         return column < self.now() - literal(timedelta(milliseconds=ms), Interval())

@@ -14,10 +14,6 @@ Points and the details they pass:
 - ``job.before_commit``: ``conn``, ``job_execution``: a master's job-level write.
 - ``transaction.before_commit``: after any of the three above, last thing before ``COMMIT``
   (the test application observes there what its transaction holds at commit time).
-- ``transaction.commit_sent``: ``conn``, ``sql``: a transaction's last statement (``sql``) and
-  its ``COMMIT`` went out together and their results came back (see
-  ``Prebuilt.one_committing``); a handler raising a lost connection's error here is a
-  ``COMMIT`` whose acknowledgement was lost.
 - ``master.after_create_execution``: ``job_execution``: the execution and its coordination row
   committed (with a first run's partitions, where they were placed in that transaction: see
   ``Cluster.create_execution``); the master has not started the job.

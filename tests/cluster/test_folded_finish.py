@@ -13,11 +13,9 @@ from dbcluster.batch import Job, PartitionStep, RepeatStatus, TaskletStep
 from dbcluster.batch.scope import ChunkContext
 from dbcluster.batch.status import BatchStatus
 from dbcluster.schema import partitions, step_execution
-from dbcluster.testing import points
 from dbcluster.testing.app import FAST_SETTINGS, RangePartitioner, build_registry, ledger
 from dbcluster.testing.backends import Backend
 from dbcluster.testing.control import record_events, transfer_while_parked
-from dbcluster.testing.waiting import in_thread
 
 SETTINGS = FAST_SETTINGS.with_overrides(concurrency_limit=2)
 
@@ -88,27 +86,27 @@ def test_a_partition_taken_away_during_its_one_call_commits_nothing(
     assert (row.status, row.step) == ("FAILED", "STARTED"), row
 
 
-def _parked_on_final(**details: Any) -> bool:
-    se = details.get("step_execution")
-    return se is not None and se.step_name.startswith("moved.worker:")
-
-
 @pytest.mark.backends("postgresql", "mariadb", "mysql")
 def test_a_transfer_waits_for_the_final_write_that_holds_its_partition(
     backend: Backend, make_cluster: Any
 ) -> None:
-    """Where the final write runs before its COMMIT (its own round trip), it holds the
-    partition row from there: a transfer waits for the COMMIT, which lands first."""
-    registry = _registry(lambda ctx: _write(ctx))
+    def body(ctx: ChunkContext) -> RepeatStatus:
+        _write(ctx)
+        return RepeatStatus.FINISHED
+
+    registry = _registry(body)
     master = make_cluster(SETTINGS, registry=registry, work=False)
-    worker = make_cluster(SETTINGS, registry=registry)
-    if worker.repository.commits_with_final_write:
-        pytest.skip("the final write is sent with its COMMIT (the next test)")
+    make_cluster(SETTINGS, registry=registry)
+
+    def parked_on_final(**details: Any) -> bool:
+        se = details.get("step_execution")
+        return se is not None and se.step_name.startswith("moved.worker:")
+
     run, transfer, job_id = transfer_while_parked(
         backend.engine,
         lambda: master.launch("moved", {"run": 2}),
         "step.before_final_commit",
-        _parked_on_final,
+        parked_on_final,
         "its final write",
     )
     moved = transfer["moved"]
@@ -117,44 +115,6 @@ def test_a_transfer_waits_for_the_final_write_that_holds_its_partition(
     assert moved == [0], "the final write landed first: nothing was left in flight to fail"
     assert run["result"].status is BatchStatus.COMPLETED
     assert len(_written(backend, job_id)) == 1
-
-
-@pytest.mark.backends("postgresql")
-def test_a_final_write_sent_with_its_commit_is_refused_after_a_transfer(
-    backend: Backend, make_cluster: Any
-) -> None:
-    """Where the final write is sent with its COMMIT in one round trip (PostgreSQL on
-    psycopg), the partition is taken in that very flight: a transfer made while the call's
-    transaction waits for its COMMIT goes first, and the final write behind it is refused by
-    its own statement, so the COMMIT behind that never runs: nothing of the partition commits,
-    its user write included, and the node reports the partition lost."""
-    registry = _registry(lambda ctx: _write(ctx))
-    master = make_cluster(SETTINGS, registry=registry, work=False)
-    worker = make_cluster(SETTINGS, registry=registry)
-    assert worker.repository.commits_with_final_write
-    recorder = record_events(worker.node)
-    with points.parked("step.before_final_commit", _parked_on_final) as park:
-        run = in_thread(lambda: master.launch("moved", {"run": 3}))
-        job_id = int(park.wait()[0]["step_execution"].job_execution.id)
-
-        def fail() -> int:
-            with backend.engine.begin() as conn:
-                return int(conn.execute(backend.provider.fail_job_partitions(job_id)).rowcount)
-
-        transfer = in_thread(fail)
-        transfer["thread"].join(10)
-        held = transfer["thread"].is_alive()
-        park.release()
-    transfer["thread"].join(30)
-    assert not held and transfer["result"] == 1, (
-        "the parked transaction held its partition before its COMMIT"
-    )
-    run["thread"].join(30)
-    assert not run["thread"].is_alive(), "the job did not end"
-    assert run["result"].status is BatchStatus.FAILED
-    assert _written(backend, job_id) == [], "a final write refused at its COMMIT committed"
-    lost = recorder.named("lost")
-    assert len(lost) == 1 and "it moved" in lost[0]["reason"], recorder.names()
 
 
 def test_the_folded_write_is_used_where_the_database_can(backend: Backend) -> None:
