@@ -90,7 +90,8 @@ def _bound(columns: Sequence[str]) -> dict[str, Any]:
 #: The repository's hot UPDATEs, built once with bind parameters: SQLAlchemy then neither builds
 #: them nor computes their cache keys again on every chunk (a rebuilt statement costs several
 #: times its round trip).
-_EXECUTION_COLUMNS = ("start_time", "end_time", "status", "exit_code", "exit_message")
+#: The state an execution's versioned UPDATE writes (with the counters, for a step).
+_STATE_COLUMNS = ("start_time", "end_time", "status", "exit_code", "exit_message")
 
 
 def _versioned_update(table: Any, key: Any, columns: Sequence[str]) -> Any:
@@ -106,10 +107,8 @@ def _versioned_update(table: Any, key: Any, columns: Sequence[str]) -> Any:
     )
 
 
-_UPDATE_STEP = _versioned_update(
-    _SE, _SE.c.step_execution_id, (*_EXECUTION_COLUMNS, *COUNTER_NAMES)
-)
-_UPDATE_JOB = _versioned_update(_JE, _JE.c.job_execution_id, _EXECUTION_COLUMNS)
+_UPDATE_STEP = _versioned_update(_SE, _SE.c.step_execution_id, (*_STATE_COLUMNS, *COUNTER_NAMES))
+_UPDATE_JOB = _versioned_update(_JE, _JE.c.job_execution_id, _STATE_COLUMNS)
 #: The write of a running status (STARTING, STARTED): a stop request (STOPPING, written by
 #: anyone: see ``QueryProvider.request_stop``) survives it; an end (STOPPED, COMPLETED,
 #: FAILED) is written with ``_UPDATE_JOB`` and replaces it.
