@@ -149,8 +149,8 @@ def _time_scale() -> float:
         scale = float(raw)
     except ValueError:
         raise ValueError(f"DBCLUSTER_TEST_TIME_SCALE must be a number, not {raw!r}") from None
-    if not scale >= 1:
-        raise ValueError(f"DBCLUSTER_TEST_TIME_SCALE must be at least 1, not {raw!r}")
+    if not 1 <= scale < float("inf"):
+        raise ValueError(f"DBCLUSTER_TEST_TIME_SCALE must be at least 1 and finite, not {raw!r}")
     return scale
 
 

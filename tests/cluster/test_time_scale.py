@@ -37,7 +37,7 @@ def test_the_scale_stretches_the_thresholds_not_the_intervals(
     assert done.stdout.split() == expected.split()
 
 
-@pytest.mark.parametrize("scale", ["fast", "0.5", "nan"])
+@pytest.mark.parametrize("scale", ["fast", "0.5", "nan", "inf"])
 def test_a_scale_that_is_not_a_number_of_at_least_one_is_refused(scale: str) -> None:
     done = _settings_under(scale)
     assert done.returncode != 0
