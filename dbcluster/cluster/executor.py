@@ -107,6 +107,11 @@ class Executor:
         last = self.recent_run_ms
         self.recent_run_ms = ms if last is None else last + _RUN_MS_WEIGHT * (ms - last)
 
+    def knows_job(self, job_execution_id: int) -> bool:
+        """Whether this node has the job execution (its partitions need no read of it)."""
+        with self._lock:
+            return job_execution_id in self._jobs
+
     def holds(self, step_execution_id: int) -> bool:
         with self._lock:
             return step_execution_id in self._tasks

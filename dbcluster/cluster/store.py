@@ -436,13 +436,28 @@ class CoordinationStore:
         """Ids of up to ``limit`` PENDING partitions this node may claim, oldest first: its own
         and, with ``unreachable_ms``, those it may steal (see
         :meth:`QueryProvider.select_claimable`). One read."""
+        found = self.poll_jobs(
+            node_id, limit, steal_after_ms=steal_after_ms, unreachable_ms=unreachable_ms
+        )
+        return [step_execution_id for step_execution_id, _ in found]
+
+    def poll_jobs(
+        self,
+        node_id: str,
+        limit: int,
+        *,
+        steal_after_ms: int | None = None,
+        unreachable_ms: int | None = None,
+    ) -> list[tuple[int, int]]:
+        """:meth:`poll`, each id with its partition's job execution id. One read."""
         stmt = self.prepared(
             ("poll", limit, steal_after_ms, unreachable_ms),
             lambda: self.provider.select_claimable(
                 bindparam("b_node"), limit, steal_after_ms, unreachable_ms
             ),
         )
-        return [int(r[0]) for r in self._rows(stmt, "poll", {"b_node": node_id})]
+        rows = self._rows(stmt, "poll", {"b_node": node_id})
+        return [(int(r[0]), int(r[1])) for r in rows]
 
     def claim(
         self,

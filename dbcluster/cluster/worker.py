@@ -265,12 +265,15 @@ class Worker(Service):
         s = self.settings
         polled = self._take_offers(identity.node_id, free)
         offered = bool(polled)
+        # Offered partitions were just placed: maybe of a job this node has not read yet, which
+        # the claim then reads back with them; so do polled ones of a job it does not know.
+        with_jobs = offered
         if not offered:
             # Up to a slot's worth more than it claims: the partitions ending meanwhile claim
             # those next (see the executor's "A slot hands itself on").
-            polled = [
-                step_execution_id
-                for step_execution_id in self.store.poll(
+            found = [
+                (step_execution_id, job_execution_id)
+                for step_execution_id, job_execution_id in self.store.poll_jobs(
                     identity.node_id,
                     free + self.capacity,
                     steal_after_ms=s.work_stealing_delay,
@@ -278,9 +281,11 @@ class Worker(Service):
                 )
                 if not self.executor.holds(step_execution_id)
             ]
+            polled = [step_execution_id for step_execution_id, _ in found]
             if len(polled) > free:
                 self._hint(identity.node_id, polled[free:])
                 del polled[free:]
+            with_jobs = not all(self.executor.knows_job(job) for _, job in found[:free])
         # More may be waiting: poll again as soon as a slot frees up.
         self._backlog = len(polled) >= free or bool(self._offers)
         if not polled:
@@ -295,9 +300,9 @@ class Worker(Service):
         if identity.fenced.is_set() or self.node.stopping:
             return True
         try:
-            # Offered partitions were just placed: maybe of a job this node has not read yet,
-            # which the claim then reads back with them.
-            won = self.store.claim(identity.node_id, self.load, polled, utcnow(), with_jobs=offered)
+            won = self.store.claim(
+                identity.node_id, self.load, polled, utcnow(), with_jobs=with_jobs
+            )
         except NodeRemovedError as exc:
             self.node.fence(identity, str(exc))
             return True

@@ -1077,7 +1077,8 @@ class QueryProvider:
     def select_claimable(
         self, node_id: Any, limit: int, steal_after_ms: int | None, unreachable_ms: int
     ) -> Select[Any]:
-        """The poll: ids of PENDING partitions ``node_id`` may claim, oldest first: its own, and
+        """The poll: ids of PENDING partitions ``node_id`` may claim (and, second, each one's
+        job execution id), oldest first: its own, and
         (unless ``steal_after_ms`` is None) any other node's that it has not claimed, at once
         when that node has not heartbeaten for ``unreachable_ms`` (or is gone), else once placed
         ``steal_after_ms`` ago. A PENDING partition never ran under its attempt, so whoever
@@ -1099,7 +1100,7 @@ class QueryProvider:
                 ),
             )
         return (
-            select(partitions.c.step_execution_id)
+            select(partitions.c.step_execution_id, partitions.c.job_execution_id)
             .where(partitions.c.status == PARTITION_PENDING, claimable)
             .order_by(partitions.c.step_execution_id)
             .limit(limit)

@@ -121,7 +121,7 @@ def record_events(node: Node) -> EventRecorder:
 
 
 def result_sizes(node: Node, method: str) -> list[int]:
-    """How many items each later call of the node's store ``method`` (``poll``, ``claim``)
+    """How many items each later call of the node's store ``method`` (``poll_jobs``, ``claim``)
     returned, in order."""
     sizes: list[int] = []
     original = getattr(node.store, method)

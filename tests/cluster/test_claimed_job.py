@@ -134,6 +134,35 @@ def test_a_workers_first_partition_of_a_job_reads_no_job(
         assert len(reads) == 1, reads
 
 
+def test_a_first_partition_found_by_a_poll_reads_no_job_either(
+    backend: Backend, make_cluster: Any
+) -> None:
+    """The same where the worker's poll finds the partitions before a wake-up names them (a
+    poll that ran before the notification arrived, under load; or a node that only polls):
+    the poll reads each partition's job too, and the claim reads back the jobs the node does
+    not know yet."""
+    master = make_cluster(work=False, settings=FAST_SETTINGS)
+    worker = make_cluster(settings=FAST_SETTINGS)
+    poller = worker.node.worker
+    assert poller is not None
+    poller.offer = lambda node_id, ids: poller.wake()  # type: ignore[method-assign]
+    repository = worker.node.repository
+    reads: list[int] = []
+    read = repository.get_job_execution
+
+    def reading(job_execution_id: int, *args: Any, **kwargs: Any) -> Any:
+        reads.append(job_execution_id)
+        return read(job_execution_id, *args, **kwargs)
+
+    repository.get_job_execution = reading  # type: ignore[method-assign]
+    execution = master.launch("ledger", {"run": 8})
+    assert execution.status.value == "COMPLETED", execution.exit_status
+    if backend.name == "postgresql":
+        assert reads == [], reads
+    else:
+        assert len(reads) == 1, reads
+
+
 def test_only_a_claim_asked_for_jobs_reads_them_and_the_usual_one_stays_short(
     backend: Backend,
 ) -> None:
