@@ -110,13 +110,16 @@ def test_a_claim_reads_back_the_job_as_its_read_gives_it(backend: Backend) -> No
             _same(built, read)
 
 
-def test_a_workers_first_partition_of_a_job_reads_no_job(
-    backend: Backend, make_cluster: Any
-) -> None:
-    """On PostgreSQL the worker builds the job from its claim: no read of the job execution
-    happens on its node while the job runs; elsewhere it reads the job once."""
+def _job_reads_of_one_run(backend: Backend, make_cluster: Any, run: int, *, polled: bool) -> None:
+    """Launch ``ledger`` once on a master and one worker (``polled``: the worker's wake-ups
+    only wake its poller, so a poll finds every partition): on PostgreSQL the worker reads no
+    job execution while the job runs; elsewhere it reads the job once."""
     master = make_cluster(work=False, settings=FAST_SETTINGS)
     worker = make_cluster(settings=FAST_SETTINGS)
+    if polled:
+        poller = worker.node.worker
+        assert poller is not None
+        poller.offer = lambda node_id, ids: poller.wake()  # type: ignore[method-assign]
     repository = worker.node.repository
     reads: list[int] = []
     read = repository.get_job_execution
@@ -126,12 +129,20 @@ def test_a_workers_first_partition_of_a_job_reads_no_job(
         return read(job_execution_id, *args, **kwargs)
 
     repository.get_job_execution = reading  # type: ignore[method-assign]
-    execution = master.launch("ledger", {"run": 7})
+    execution = master.launch("ledger", {"run": run})
     assert execution.status.value == "COMPLETED", execution.exit_status
     if backend.name == "postgresql":
         assert reads == [], reads
     else:
         assert len(reads) == 1, reads
+
+
+def test_a_workers_first_partition_of_a_job_reads_no_job(
+    backend: Backend, make_cluster: Any
+) -> None:
+    """On PostgreSQL the worker builds the job from its claim: no read of the job execution
+    happens on its node while the job runs; elsewhere it reads the job once."""
+    _job_reads_of_one_run(backend, make_cluster, 7, polled=False)
 
 
 def test_a_first_partition_found_by_a_poll_reads_no_job_either(
@@ -141,26 +152,7 @@ def test_a_first_partition_found_by_a_poll_reads_no_job_either(
     poll that ran before the notification arrived, under load; or a node that only polls):
     the poll reads each partition's job too, and the claim reads back the jobs the node does
     not know yet."""
-    master = make_cluster(work=False, settings=FAST_SETTINGS)
-    worker = make_cluster(settings=FAST_SETTINGS)
-    poller = worker.node.worker
-    assert poller is not None
-    poller.offer = lambda node_id, ids: poller.wake()  # type: ignore[method-assign]
-    repository = worker.node.repository
-    reads: list[int] = []
-    read = repository.get_job_execution
-
-    def reading(job_execution_id: int, *args: Any, **kwargs: Any) -> Any:
-        reads.append(job_execution_id)
-        return read(job_execution_id, *args, **kwargs)
-
-    repository.get_job_execution = reading  # type: ignore[method-assign]
-    execution = master.launch("ledger", {"run": 8})
-    assert execution.status.value == "COMPLETED", execution.exit_status
-    if backend.name == "postgresql":
-        assert reads == [], reads
-    else:
-        assert len(reads) == 1, reads
+    _job_reads_of_one_run(backend, make_cluster, 8, polled=True)
 
 
 def test_only_a_claim_asked_for_jobs_reads_them_and_the_usual_one_stays_short(
