@@ -17,6 +17,7 @@ From the repository root:
     dbcluster init
     dbcluster worker --app examples.shop:registry         # on each node
     dbcluster launch --app examples.shop:registry reprice 'percent(int)=110'
+    dbcluster schedules --app examples.shop:registry          # its nightly schedule
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from sqlalchemy import (
 )
 
 from dbcluster import ChunkContext, JobRegistry
-from dbcluster.batch import JobParameters
+from dbcluster.batch import JobParameters, Schedule
 
 log = logging.getLogger(__name__)
 registry = JobRegistry()
@@ -87,6 +88,19 @@ def reprice(ids: range, ctx: ChunkContext) -> None:
                 .values(price_cents=bindparam("price")),
                 [{"pid": r.id, "price": r.base_cents * percent // 100} for r in rows],
             )
+
+
+# Every night at 03:00 in Paris, fired once across the cluster by the nodes started with
+# `dbcluster worker --accept-launches` (no cron host, no CronJob); each tick is a run of its own.
+registry.schedule(
+    Schedule(
+        "reprice",
+        cron="0 3 * * *",
+        timezone="Europe/Paris",
+        params={"percent": 110},
+        fire_time_param="run.at",
+    )
+)
 
 
 def create_shop(count: int) -> None:
