@@ -208,3 +208,20 @@ def test_shop_keeps_its_data_in_another_database_through_a_resource(
         assert log.count("closed the shop database") == n  # closed when the worker stopped
         if n:
             assert log.index("opened the shop database") < log.index("closed the shop database")
+
+
+def test_shop_schedules_its_nightly_reprice_in_its_registry() -> None:
+    """The schedule deploy/kubernetes/scheduler.yaml's accepting nodes fire (no CronJob)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DBCLUSTER_")}
+    listed = subprocess.run(
+        [dbcluster_script(), "schedules", "--app", "examples.shop:registry", "--json"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert listed.returncode == 0, listed.stderr
+    (schedule,) = json.loads(listed.stdout)
+    assert schedule["job"] == "reprice" and schedule["cron"] == "0 3 * * *"
+    assert schedule["timezone"] == "Europe/Paris"
