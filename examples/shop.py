@@ -42,7 +42,7 @@ from sqlalchemy import (
 )
 
 from dbcluster import ChunkContext, JobRegistry
-from dbcluster.batch import JobParameters, Schedule
+from dbcluster.batch import JobParameters, ParametersValidator, Schedule
 
 log = logging.getLogger(__name__)
 registry = JobRegistry()
@@ -71,10 +71,16 @@ def every_product(params: JobParameters) -> range:
         return range(1, (conn.execute(select(func.max(products.c.id))).scalar() or 0) + 1)
 
 
-@registry.partitioned_job(ids=every_product, partitions=8, chunk_size=500)
+@registry.partitioned_job(
+    ids=every_product,
+    partitions=8,
+    chunk_size=500,
+    validator=ParametersValidator(required={"percent": int}),  # checked at every launch
+)
 def reprice(ids: range, ctx: ChunkContext) -> None:
     """Each price from its base price: running a chunk twice changes nothing more."""
-    percent = int(ctx.job_parameters["percent"])
+    percent = ctx.job_parameters["percent"]
+    assert isinstance(percent, int)  # the validator saw to it
     with shop().begin() as conn:
         rows = conn.execute(
             select(products.c.id, products.c.base_cents).where(

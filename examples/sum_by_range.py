@@ -77,7 +77,8 @@ def data() -> Iterator[Engine]:
 
 def load(ctx: ChunkContext) -> None:
     """Fill ``numbers`` with ids 1 to ``rows``, in the step's transaction."""
-    rows = int(ctx.job_parameters["rows"])
+    rows = ctx.job_parameters["rows"]
+    assert isinstance(rows, int)  # the job's validator saw to it
     numbers.create(data(), checkfirst=True)
     ctx.connection.execute(delete(numbers))
     for start in range(1, rows + 1, 100_000):

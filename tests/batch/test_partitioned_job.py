@@ -11,6 +11,7 @@ from dbcluster import ChunkContext, JobRegistry, partitioned_job
 from dbcluster.batch import (
     BatchStatus,
     JobLauncher,
+    JobParameters,
     JobRepository,
     LocalPartitionHandler,
     StepConfigurationError,
@@ -73,7 +74,12 @@ def test_partition_names_are_the_slices_they_hold(
 def test_ids_may_come_from_the_job_parameters(launcher: JobLauncher, repo: JobRepository) -> None:
     seen: set[int] = set()
 
-    @partitioned_job(ids=lambda params: range(1, params["count"] + 1), partitions=3)
+    def upto(params: JobParameters) -> range:
+        count = params["count"]
+        assert isinstance(count, int)
+        return range(1, count + 1)
+
+    @partitioned_job(ids=upto, partitions=3)
     def count(ids: range, ctx: ChunkContext) -> None:
         seen.update(ids)
 
@@ -158,7 +164,8 @@ def test_a_job_that_cannot_work_is_refused_in_one_line(
 def test_ids_from_parameters_that_are_not_a_range_fail_the_job_with_the_reason(
     launcher: JobLauncher,
 ) -> None:
-    job = partitioned_job(lambda ids, ctx: None, name="bad", ids=lambda params: [1, 2, 3])
+    not_a_range: Any = lambda params: [1, 2, 3]  # noqa: E731
+    job = partitioned_job(lambda ids, ctx: None, name="bad", ids=not_a_range)
     execution = launcher.run(job, {"run": 1})
     assert execution.status is BatchStatus.FAILED
     assert "ids must be a range" in execution.exit_status.description
