@@ -20,8 +20,18 @@ from dbcluster.errors import ConfigurationError, DatabaseUnreachableError, Dbclu
 URL_HELP = "SQLAlchemy database URL (or set DBCLUSTER_URL)."
 
 
+def _export_url(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """The URL a command uses is ``DBCLUSTER_URL`` in its environment too (given as ``--url``
+    or not), so the application's resources read the one its nodes use."""
+    if value:
+        os.environ["DBCLUSTER_URL"] = value
+    return value
+
+
 def url_option(required: bool = True) -> Callable[[Any], Any]:
-    return click.option("--url", envvar="DBCLUSTER_URL", required=required, help=URL_HELP)
+    return click.option(
+        "--url", envvar="DBCLUSTER_URL", required=required, help=URL_HELP, callback=_export_url
+    )
 
 
 def open_engine(url: str) -> Engine:

@@ -5,6 +5,8 @@ sums ``dbc_demo_receipts`` by id range, each partition a tasklet that reads one 
 and commits its running count and sum with the step's context (so a partition that moves to
 another node resumes after its last committed page), and writes its result row into
 ``dbc_demo_results`` in the same transaction as its final commit. Partitions are transferable.
+It reads the receipts through an application resource (:func:`receipts_db`), an engine made
+once in each worker process and disposed when the worker stops.
 
 The driver (:func:`run_demo`) creates the database (a SQLite file in a temporary folder unless a
 URL is given), starts worker processes (``dbcluster worker``), launches the job with this process
@@ -26,7 +28,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +58,8 @@ from dbcluster.batch import (
     RepeatStatus,
     TaskletStep,
 )
+from dbcluster.dialects import make_engine
+from dbcluster.errors import ConfigurationError
 from dbcluster.schema import Id, nodes, partitions, step_execution
 
 demo_metadata = MetaData()
@@ -114,6 +118,23 @@ class ReceiptRangePartitioner(IntegerRangePartitioner):
         return super().partition(grid_size)
 
 
+#: ``dbcluster worker --app dbcluster.demo:registry``
+registry = JobRegistry()
+
+
+@registry.resource
+def receipts_db() -> Iterator[Engine]:
+    """The application's engine on the receipts' database, one per process: the demo keeps its
+    tables in the job repository's database (``DBCLUSTER_URL``, which every ``dbcluster``
+    command sets from its ``--url``)."""
+    url = os.environ.get("DBCLUSTER_URL")
+    if not url:
+        raise ConfigurationError("the demo reads its receipts from DBCLUSTER_URL: set it")
+    engine = make_engine(url)
+    yield engine
+    engine.dispose()
+
+
 def reconcile_slice(ctx: ChunkContext) -> RepeatStatus:
     """One page of the slice per call: add it to the committed running count and sum; at the end
     write the slice's result row (in the same transaction as the step's final commit)."""
@@ -124,7 +145,7 @@ def reconcile_slice(ctx: ChunkContext) -> RepeatStatus:
     after = int(step_ctx.get("last_id", lo - 1))
     # Read on a connection of its own: the step's transaction only writes (on SQLite a
     # transaction that reads and then writes can lose its snapshot to another process).
-    with ctx.runtime.repository.engine.connect() as conn:
+    with receipts_db().connect() as conn:
         rows = conn.execute(
             select(receipts.c.id, receipts.c.amount_cents)
             .where(receipts.c.id > after, receipts.c.id < hi)
@@ -158,14 +179,13 @@ def reconcile_slice(ctx: ChunkContext) -> RepeatStatus:
     return RepeatStatus.FINISHED
 
 
-def build_registry() -> JobRegistry:
+def build_job() -> Job:
     worker = TaskletStep("reconcile-slice", reconcile_slice)
     partitioner = ReceiptRangePartitioner(1, RECEIPTS + 1, prefix="receipts-")
-    return JobRegistry([Job(JOB_NAME, [PartitionStep("reconcile", worker, partitioner)])])
+    return Job(JOB_NAME, [PartitionStep("reconcile", worker, partitioner)])
 
 
-#: ``dbcluster worker --app dbcluster.demo:registry``
-registry = build_registry()
+registry.register(build_job())
 
 
 # --- the driver ---------------------------------------------------------------------------------

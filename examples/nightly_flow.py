@@ -5,24 +5,43 @@ them to a JSON-lines file; on a small day total them in one step. A report step 
     load -> volume? --BIG---> split[ totals (partitioned) | export ] -> report
                     --SMALL-> total-all ----------------------------> report
 
+A first step, ``prepare``, creates the example's tables if they are missing and empties them.
 Every step restarts from its last commit and the flow from the path it took: a failed big day
-re-runs only the branch of the split that failed. The same job runs on a cluster (its registry
-is ``registry``; the split's branches run on the master, the partitions on every node).
+re-runs only the branch of the split that failed. The same job runs on a cluster (the split's
+branches run on the master, the partitions on every node). The tables live in the job
+repository's database (``DBCLUSTER_URL``), reached through the application resource ``data``.
 
-Run it:  python examples/nightly_flow.py [ORDERS]
+In one process:   python examples/nightly_flow.py [ORDERS]
+On a cluster, from the repository root:
+    export DBCLUSTER_URL=sqlite:///nightly.db
+    dbcluster init
+    dbcluster worker --app examples.nightly_flow:registry      # on each node
+    dbcluster launch --app examples.nightly_flow:registry nightly-orders 'orders(int)=5000' --next
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Column, Integer, MetaData, String, Table, bindparam, delete, func, select
+from sqlalchemy import (
+    Column,
+    Engine,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    bindparam,
+    delete,
+    func,
+    select,
+)
 
 from dbcluster import schema
 from dbcluster.batch import (
@@ -48,6 +67,7 @@ from dbcluster.batch import (
     TaskletStep,
     decider,
     item_writer,
+    partitioner,
 )
 from dbcluster.batch.flow import PATH_KEY
 from dbcluster.dialects import make_engine
@@ -79,11 +99,38 @@ totals = Table(
 )
 
 
+registry = JobRegistry()
+
+
+@registry.resource
+def data() -> Iterator[Engine]:
+    """The example's tables: in the job repository's database, which every ``dbcluster``
+    command puts in ``DBCLUSTER_URL``."""
+    url = os.environ.get("DBCLUSTER_URL")
+    if not url:
+        raise RuntimeError("set DBCLUSTER_URL: this example keeps its tables in that database")
+    engine = make_engine(url)
+    yield engine
+    engine.dispose()
+
+
 def order(i: int) -> dict[str, Any]:
     return {"id": i, "region": REGIONS[i * 7 % len(REGIONS)], "amount": i % 97 + 1}
 
 
-def build_job(engine: Any, export_path: Path) -> Job:
+def export_path(step_execution: StepExecution) -> Path:
+    """Where ``export`` writes: the ``export`` parameter, or a file in the temp folder."""
+    default = Path(tempfile.gettempdir()) / "nightly-orders.jsonl"
+    return Path(str(step_execution.job_execution.parameters.get("export", default)))
+
+
+def build_job() -> Job:
+    def clear(ctx: ChunkContext) -> None:
+        metadata.create_all(data())  # a connection of its own: DDL commits on its own anyway
+        for table in (totals, subtotals, orders):
+            ctx.connection.execute(delete(table))
+
+    prepare = TaskletStep("prepare", clear)
     # Load: an upsert, so loading the same day twice changes nothing.
     load = ChunkStep(
         "load",
@@ -122,7 +169,7 @@ def build_job(engine: Any, export_path: Path) -> Job:
             orders.c.id < bindparam("hi", type_=Integer),
         )
         return SqlPagingItemReader(
-            engine, query, ["id"], parameters={"lo": ctx["lo"], "hi": ctx["hi"]}, page_size=500
+            data(), query, ["id"], parameters={"lo": ctx["lo"], "hi": ctx["hi"]}, page_size=500
         )
 
     worker = ChunkStep(
@@ -131,18 +178,21 @@ def build_job(engine: Any, export_path: Path) -> Job:
         writer=lambda step_execution: subtotal(step_execution.step_name),
         chunk_size=500,
     )
-    partitioned = PartitionStep(
-        "totals", worker, ColumnRangePartitioner(engine, orders, "id", prefix="id-"), grid_size=4
-    )
+
+    @partitioner
+    def by_id(grid_size: int) -> Any:  # read by the job's master when it splits the step
+        return ColumnRangePartitioner(data(), orders, "id", prefix="id-").partition(grid_size)
+
+    partitioned = PartitionStep("totals", worker, by_id, grid_size=4)
     export = ChunkStep(
         "export",
-        reader=lambda step_execution: SqlPagingItemReader(engine, orders, ["region", "id"]),
-        writer=lambda step_execution: JsonLinesItemWriter(export_path),
+        reader=lambda step_execution: SqlPagingItemReader(data(), orders, ["region", "id"]),
+        writer=lambda step_execution: JsonLinesItemWriter(export_path(step_execution)),
         chunk_size=500,
     )
     small = ChunkStep(
         "total-all",
-        reader=lambda step_execution: SqlPagingItemReader(engine, orders, ["id"]),
+        reader=lambda step_execution: SqlPagingItemReader(data(), orders, ["id"]),
         writer=subtotal("all"),
         chunk_size=500,
     )
@@ -159,7 +209,8 @@ def build_job(engine: Any, export_path: Path) -> Job:
     finish = TaskletStep("report", report)
     flow = (
         Flow("nightly")
-        .start(load)
+        .start(prepare)
+        .next(load)
         .next(volume)
         .on("BIG").to(Split("big-day", [partitioned, export])).next(finish)
         .from_(volume).on("SMALL").to(small).next(finish)
@@ -172,19 +223,18 @@ def build_job(engine: Any, export_path: Path) -> Job:
     )
 
 
-def registry_for(engine: Any, export_path: Path) -> JobRegistry:
-    return JobRegistry([build_job(engine, export_path)])
+job = registry.register(build_job())
 
 
 def main(count: int = 5_000) -> int:
     with tempfile.TemporaryDirectory() as tmp:
-        engine = make_engine(f"sqlite:///{Path(tmp) / 'batch.db'}")
+        os.environ["DBCLUSTER_URL"] = f"sqlite:///{Path(tmp) / 'batch.db'}"
+        engine = data()
         schema.metadata.create_all(engine)
-        metadata.create_all(engine)
-        export_path = Path(tmp) / "orders.jsonl"
-        job = build_job(engine, export_path)
+        exported_to = Path(tmp) / "orders.jsonl"
         launcher = JobLauncher(JobRepository(engine), LocalPartitionHandler(max_workers=4))
-        execution = launcher.run(job, launcher.next_parameters(job, {"orders": count}))
+        params = {"orders": count, "export": str(exported_to)}
+        execution = launcher.run(job, launcher.next_parameters(job, params))
         # The path the flow took is in the job execution's context (a restart replays it).
         taken = execution.execution_context[PATH_KEY]["nightly"]["states"]
         path = " -> ".join(f"{name} ({code})" for name, code, *_ in taken)
@@ -202,15 +252,15 @@ def main(count: int = 5_000) -> int:
             )
         for region in sorted(got):
             print(f"  {region:6} {got[region]:>10}")
-        exported = len(export_path.read_text().splitlines()) if export_path.exists() else 0
+        exported = len(exported_to.read_text().splitlines()) if exported_to.exists() else 0
         ok = execution.status is BatchStatus.COMPLETED and got == {
             k: int(v) for k, v in want.items()
         }
         ok = ok and (count < BIG_DAY or exported == count)
         if exported:
-            first = json.loads(export_path.read_text().splitlines()[0])
+            first = json.loads(exported_to.read_text().splitlines()[0])
             print(f"exported {exported} orders, first {first}")
-        engine.dispose()
+        registry.resources.close()
         print("OK" if ok else "MISMATCH")
         return 0 if ok else 1
 

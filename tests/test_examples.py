@@ -1,4 +1,5 @@
-"""The README examples run as printed and check their own results."""
+"""The examples run in one process as their docstrings say and check their own results (each
+also runs on a cluster of worker processes: tests/cli/test_examples_on_a_cluster.py)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ def test_nightly_flow_example_takes_the_big_day_branch_and_checks_its_totals() -
     out = _run_example("nightly_flow.py", 120)
     first, second, *_ = out.splitlines()
     assert first == (
-        "COMPLETED: load (COMPLETED) -> volume (BIG) -> big-day (COMPLETED) -> report (COMPLETED)"
+        "COMPLETED: prepare (COMPLETED) -> load (COMPLETED) -> volume (BIG) -> "
+        "big-day (COMPLETED) -> report (COMPLETED)"
     ), out
-    assert second == "4 partitions, 8 step executions", out
+    assert second == "4 partitions, 9 step executions", out
     assert "exported 5000 orders" in out

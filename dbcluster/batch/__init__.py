@@ -70,10 +70,12 @@ from dbcluster.batch.partition import (
     PartitionWork,
     partitioner,
 )
+from dbcluster.batch.partitioned import partitioned_job
 from dbcluster.batch.partitioners import ColumnRangePartitioner, IntegerRangePartitioner
 from dbcluster.batch.policy import Backoff, SkipPolicy
 from dbcluster.batch.registry import JobRegistry, load_registry
 from dbcluster.batch.repository import JobRepository
+from dbcluster.batch.resources import Resource
 from dbcluster.batch.runtime import BatchRuntime
 from dbcluster.batch.schedule import Schedule
 from dbcluster.batch.scope import ChunkContext
@@ -142,6 +144,7 @@ __all__ = [
     "Partitioner",
     "RegistryLoadError",
     "RepeatStatus",
+    "Resource",
     "RetryListener",
     "RunIdIncrementer",
     "Schedule",
@@ -162,6 +165,7 @@ __all__ = [
     "decider",
     "item_writer",
     "load_registry",
+    "partitioned_job",
     "partitioner",
     "step_scope",
     "tasklet",

@@ -3,19 +3,29 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterable
+import os
+import sys
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
+from typing import Any, TypeVar, Unpack, overload
 
 from dbcluster.batch.exceptions import NoSuchJobError, NoSuchStepError, RegistryLoadError
 from dbcluster.batch.job import Job
 from dbcluster.batch.partition import PartitionStep
+from dbcluster.batch.partitioned import IdsFunction, PartitionedJobOptions, partitioned_job
+from dbcluster.batch.resources import Resource, Resources
 from dbcluster.batch.schedule import Schedule
 from dbcluster.batch.step import Step
+
+T = TypeVar("T")
 
 
 class JobRegistry:
     """Maps job names to jobs and step names (nested partition workers included) to steps, and
-    holds the schedules of recurring jobs."""
+    holds the schedules of recurring jobs and the application's resources.
+
+    A worker finds everything it runs here: ``dbcluster worker --app myjobs:registry`` imports
+    ``myjobs`` (from the current directory too) and takes its ``registry``."""
 
     def __init__(
         self,
@@ -27,12 +37,48 @@ class JobRegistry:
         self._steps: dict[str, Step] = {}
         self._partition_steps: dict[str, PartitionStep] = {}
         self._schedules: dict[str, Schedule] = {}
+        #: The application's resources (:meth:`resource`), closed when this process's nodes stop.
+        self.resources = Resources()
         for job in jobs:
             self.register(job)
         for step in steps:
             self.register_step(step)
         for schedule in schedules:
             self.schedule(schedule)
+
+    def partitioned_job(
+        self, **options: Unpack[PartitionedJobOptions]
+    ) -> Callable[[IdsFunction], Job]:
+        """Decorator: the job :func:`~dbcluster.batch.partitioned_job` makes of the function
+        (``ids`` and the same options), registered here::
+
+            @registry.partitioned_job(ids=range(1, 1_000_001), partitions=8)
+            def recompute(ids: range, ctx: ChunkContext) -> None: ...
+        """
+
+        def wrap(function: IdsFunction) -> Job:
+            return self.register(partitioned_job(function, **options))
+
+        return wrap
+
+    @overload
+    def resource(self, factory: Callable[[], Iterator[T]], /) -> Resource[T]: ...
+
+    @overload
+    def resource(self, factory: Callable[[], T], /) -> Resource[T]: ...
+
+    def resource(self, factory: Callable[[], Any], /) -> Resource[Any]:
+        """Decorator: an application resource (an engine, a session factory, settings) made by
+        ``factory`` once per process, when first called, and closed when the process's nodes
+        stop (see :class:`~dbcluster.batch.resources.Resource`)::
+
+            @registry.resource
+            def shop() -> Engine:
+                return create_engine(os.environ["SHOP_DATABASE_URL"])
+
+            ...  # in a step: with shop().begin() as conn: ...
+        """
+        return self.resources.add(Resource(factory))
 
     def schedule(self, schedule: Schedule) -> Schedule:
         """Register a recurring run of a registered job (see :class:`Schedule`). Its
@@ -103,12 +149,16 @@ class JobRegistry:
 
 def load_registry(reference: str) -> JobRegistry:
     """Load ``"package.module:attribute"``: a JobRegistry, a Job, a list of jobs, or a callable
-    without arguments returning one of those."""
+    without arguments returning one of those.
+
+    The current directory is put on ``sys.path`` first (as ``python -m`` and Celery's ``-A``
+    do), so ``myjobs:registry`` finds ``./myjobs.py`` without installing it."""
     module_name, sep, attribute = reference.partition(":")
     if not sep or not module_name or not attribute:
         raise RegistryLoadError(
             f"registry reference {reference!r} must look like 'package.module:attribute'"
         )
+    _current_directory_on_path()
     try:
         target: object = importlib.import_module(module_name)
     except ImportError as error:
@@ -133,3 +183,11 @@ def load_registry(reference: str) -> JobRegistry:
     raise RegistryLoadError(
         f"{reference!r} is a {type(target).__name__}, not a JobRegistry, a Job or a list of jobs"
     )
+
+
+def _current_directory_on_path() -> None:
+    """Make modules of the current directory importable, for good: the application may import
+    more of its own modules later, from a step."""
+    here = os.getcwd()
+    if not any(entry in ("", ".", here) for entry in sys.path):
+        sys.path.insert(0, here)

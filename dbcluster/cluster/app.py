@@ -70,6 +70,7 @@ class Cluster(UnattendedRuns):
         )
         self._owns_engine = isinstance(url_or_engine, str)
         self.registry = registry
+        self._holds_resources = False
         self.settings = settings or ClusterSettings.from_env()
         self.node = Node(
             self.engine,
@@ -123,10 +124,16 @@ class Cluster(UnattendedRuns):
         # Once, before joining: a node on another schema version would fail later, mid-job.
         require_current_schema(self.engine)
         self.node.start()
+        if not self._holds_resources:
+            self.registry.resources.hold()
+            self._holds_resources = True
         return self
 
     def stop(self, drain_timeout_ms: int | None = None) -> None:
         self.node.stop(drain_timeout_ms)
+        if self._holds_resources:  # the application's resources, once no step runs here
+            self._holds_resources = False
+            self.registry.resources.release()
         if self._owns_engine:
             self.engine.dispose()
 

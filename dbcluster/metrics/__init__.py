@@ -33,7 +33,7 @@ from dbcluster.cluster.events import ClusterEvents
 SHORT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 LONG_BUCKETS = (0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 14400.0)
 
-#: Every metric of a node: name (as exposed) -> what it means. The README lists these.
+#: Every metric of a node: name (as exposed) -> what it means. docs/observability.md lists these.
 NODE_METRICS: dict[str, str] = {
     "dbcluster_partitions_claimed_total": "Partitions this node claimed (the claim committed).",
     "dbcluster_partitions_completed_total": "Partitions this node completed.",

@@ -6,6 +6,7 @@ import math
 import sys
 import types
 from datetime import date, datetime
+from pathlib import Path
 
 import pytest
 
@@ -180,6 +181,29 @@ def test_load_registry_from_module_attribute() -> None:
             load_registry("no_such_module_xyz:registry")
     finally:
         del sys.modules["dbcluster_test_jobs"]
+
+
+def test_load_registry_finds_a_module_of_the_current_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Like Celery's ``-A``: ``dbcluster worker --app myjobs:registry`` run from the folder of
+    ``myjobs.py`` loads it, though the ``dbcluster`` script's own folder is what Python put on
+    ``sys.path`` (the current directory is not)."""
+    (tmp_path / "dbc_cwd_jobs.py").write_text(
+        "from dbcluster import JobRegistry, partitioned_job\n"
+        "registry = JobRegistry([partitioned_job(lambda ids, ctx: None, name='cwd', "
+        "ids=range(3))])\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    here = str(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", here)])
+    monkeypatch.delitem(sys.modules, "dbc_cwd_jobs", raising=False)
+
+    assert load_registry("dbc_cwd_jobs:registry").job_names() == ["cwd"]
+    assert sys.path[0] == here  # later imports of the application's own modules work too
+    load_registry("dbc_cwd_jobs:registry")
+    assert sys.path.count(here) == 1
+    sys.modules.pop("dbc_cwd_jobs", None)
 
 
 def test_range_partitioner_names_derive_from_slices() -> None:

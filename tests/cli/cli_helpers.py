@@ -7,7 +7,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -96,3 +99,53 @@ class PidProcess:
                 raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0)
             time.sleep(0.05)
         return 0
+
+
+def dbcluster_script() -> str:
+    """The installed ``dbcluster`` command, as a user runs it. A console script puts its own
+    folder on ``sys.path``, not the current directory (``python -m`` would): what ``--app``
+    finds from there is what a user's shell finds."""
+    script = Path(sys.executable).with_name("dbcluster")
+    if not script.exists():
+        pytest.fail(f"no dbcluster command beside {sys.executable}: install the project")
+    return str(script)
+
+
+def start_in(args: list[str], cwd: Path, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """Start ``args`` in ``cwd`` with its output in ``log`` (the caller ends it by pid)."""
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            args, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out
+        )
+
+
+def wait_until_running(proc: subprocess.Popen[Any], log: Path, timeout: float = 60) -> None:
+    """Wait until a ``dbcluster worker`` says it runs (it joined the cluster)."""
+
+    def running() -> bool:
+        if proc.poll() is not None:
+            pytest.fail(f"worker exited {proc.returncode}: {log.read_text()[-3000:]}")
+        return "running; SIGTERM" in log.read_text(errors="replace")
+
+    wait_for(running, timeout, f"the worker logging to {log.name} to join")
+
+
+@contextmanager
+def fresh_database(backend: Any, folder: Path) -> Iterator[str]:
+    """The URL of an empty database on the backend's server (a new SQLite file in ``folder``
+    for SQLite), dropped afterwards: what a new user's ``dbcluster init`` starts from."""
+    if backend.name == "sqlite":
+        yield f"sqlite:///{folder / 'jobs.db'}"
+        return
+    from dbcluster.dialects import get_provider, make_engine
+
+    admin = make_engine(backend.url, isolation_level="AUTOCOMMIT")
+    provider = get_provider(admin)
+    scratch = provider.create_scratch_database(admin, f"dbc_{os.getpid()}_{uuid.uuid4().hex[:8]}")
+    try:
+        yield scratch.render_as_string(hide_password=False)
+    finally:
+        try:
+            provider.drop_scratch_database(admin, scratch)
+        finally:
+            admin.dispose()

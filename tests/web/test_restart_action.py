@@ -55,6 +55,7 @@ def test_a_failed_job_restarted_from_the_dashboard_completes(
     for name, value in asdict(FAST_SETTINGS).items():
         if value is not None:
             monkeypatch.setenv(f"DBCLUSTER_{name.upper()}", str(value))
+    monkeypatch.setenv("DBCLUSTER_URL", backend.url)  # where the demo's resource reads
     engine = backend.engine
     demo_metadata.drop_all(engine)
     demo_metadata.tables["dbc_demo_receipts"].create(engine)
