@@ -203,8 +203,9 @@ class QueryProvider:
 
     #: The server can create and drop a database cheaply (tests isolate each run in one).
     can_create_database: ClassVar[bool] = True
-    #: ``SELECT ... FOR UPDATE SKIP LOCKED``: concurrent claimers pass over each other's rows
-    #: instead of queueing on them.
+    #: A locking read can pass over rows another transaction holds (``FOR UPDATE SKIP LOCKED``;
+    #: Db2's ``SKIP LOCKED DATA``, SQL Server's ``READPAST``: see :meth:`locked`): concurrent
+    #: claimers pass over each other's rows instead of queueing on them.
     supports_skip_locked: ClassVar[bool] = False
     #: ``LISTEN``/``NOTIFY``: a placement wakes the nodes it assigned work to (see
     #: :meth:`open_listener`); without it nodes poll (adaptively).
@@ -855,12 +856,20 @@ class QueryProvider:
         for, nor it for that; this one waits for such a write to commit, so the fencing UPDATE
         after it (a statement of its own, which sees that commit) moves what it claimed too, and
         a final write that comes later finds the row locked and claims nothing."""
-        return select(nodes.c.node_id).where(nodes.c.status == NODE_REMOVING).with_for_update()
+        return self.locked(select(nodes.c.node_id).where(nodes.c.status == NODE_REMOVING))
 
     def lock_node(self, node_id: Any) -> Select[Any]:
         """A node leaving, before :meth:`fence_claims_of`: its row locked ``FOR UPDATE``, for
         the reason :meth:`lock_removing` gives."""
-        return select(nodes.c.node_id).where(nodes.c.node_id == node_id).with_for_update()
+        return self.locked(select(nodes.c.node_id).where(nodes.c.node_id == node_id))
+
+    def locked(self, stmt: Select[Any], *, skip_locked: bool = False) -> Select[Any]:
+        """``stmt``, a read of one table, locking the rows it reads for update until its
+        transaction ends; with ``skip_locked`` (only where :meth:`skip_locked`), passing over
+        rows another transaction holds instead of waiting for them. SQL's ``FOR UPDATE [SKIP
+        LOCKED]`` by default; a database whose dialect says it otherwise overrides this (SQL
+        Server: table hints, which SQLAlchemy's ``with_for_update()`` does not render)."""
+        return stmt.with_for_update(skip_locked=skip_locked)
 
     def fence_partitions_of_removing(self) -> Update:
         """Removal, second statement: every partition the removed nodes had CLAIMED moves to its
@@ -1122,7 +1131,7 @@ class QueryProvider:
             p.assigned_node.is_not(None),
         )
         if self.skip_locked():
-            return stmt.with_for_update(skip_locked=True)
+            return self.locked(stmt, skip_locked=True)
         return stmt
 
     def claim_partitions(self, node_id: Any, step_execution_ids: Any) -> Update:
@@ -1870,7 +1879,7 @@ class QueryProvider:
             launch_requests.c.status == LAUNCH_PENDING,
         )
         if self.skip_locked():
-            return stmt.with_for_update(skip_locked=True)
+            return self.locked(stmt, skip_locked=True)
         return stmt
 
     def claim_launches(self, node_id: Any, request_ids: Any) -> Update:
