@@ -202,6 +202,10 @@ def upgrade(engine: Engine, *, to: str = HEAD, force: bool = False) -> list[Revi
             op = Operations(provider, conn)
             revision.upgrade(op)
             _record(op, revision.revision, had_row=_has_row(conn))
+        # What cannot share the revision's transaction (Db2's REORG of a retyped table).
+        for statement in op.after_commit:
+            with engine.begin() as conn:
+                conn.exec_driver_sql(statement)
         applied.append(revision)
     return applied
 
@@ -228,7 +232,12 @@ def upgrade_sql(provider: QueryProvider, *, from_version: str = "0001", to: str 
         _record(op, revision.revision, had_row=had_row)
         had_row = True
         lines.append(f"\n-- revision {revision.revision} ({revision.release}): {revision.title}")
-        lines.extend(f"\n{statement};" for statement in op.statements)
+        lines.extend(f"\n{provider.script_line(statement)}" for statement in op.statements)
+        if op.after_commit or provider.scripts_commit:
+            lines.append(f"\n{provider.script_line('COMMIT')}")
+        if op.after_commit:
+            lines.append("\n-- once the revision has committed, each on its own:")
+            lines.extend(f"\n{provider.script_line(statement)}" for statement in op.after_commit)
     return "\n".join(lines) + "\n"
 
 
