@@ -718,14 +718,28 @@ class QueryProvider:
         return header + "".join(f"\n{self.script_line(stmt)}\n" for stmt in statements)
 
     def create_tables(self, engine: Engine) -> list[str]:
-        """Create the tables and indexes that are missing (see :meth:`create_schema`); returns
-        the names of the tables this call created."""
-        return self.create_schema(engine)[0]
+        """Create the tables and indexes that are missing (see :meth:`create_schema`) and,
+        where this call created the version table, record the schema's version in it, in a
+        transaction of its own once the DDL has committed (as ``metadata.create_all`` does, in
+        one). Returns the names of the tables this call created."""
+        created = self.create_schema(engine)[0]
+        if schema.schema_version.name in created:
+            # Only the process whose CREATE made the table gets here: one row.
+            with engine.begin() as conn:
+                conn.execute(self.record_schema_version(schema.SCHEMA_VERSION))
+        return created
 
     def create_schema(self, engine: Engine) -> tuple[list[str], list[str]]:
         """Create the missing tables, then any index missing from a table that exists: DDL is
         not transactional on Oracle and MySQL, so a crash between a CREATE TABLE and its CREATE
         INDEX leaves the table without the index. Safe when several processes run it at once.
+
+        DDL only, each statement in a transaction of its own: no row is written here. A
+        database may refuse DML on a table created in the still-open transaction (Firebird:
+        "Table unknown"), so the version row is recorded afterwards, in a transaction of its
+        own (``migrations.record_if_unrecorded``). The CREATE statements run as DDL constructs,
+        not ``Table.create``, whose ``after_create`` event (``schema.py`` records the version
+        there for ``metadata.create_all``) would insert it inside the DDL's transaction.
 
         Returns the names of the tables and of the indexes this call created.
         """
@@ -734,7 +748,7 @@ class QueryProvider:
             for table in schema.ALL_TABLES
             if self._create_once(
                 engine,
-                lambda conn, table=table: table.create(conn, checkfirst=True),
+                lambda conn, table=table: conn.execute(CreateTable(table)),
                 lambda table=table: self._table_exists(engine, table.name),
             )
         ]
@@ -745,7 +759,7 @@ class QueryProvider:
             if index.name
             and self._create_once(
                 engine,
-                lambda conn, index=index: index.create(conn, checkfirst=True),
+                lambda conn, index=index: conn.execute(CreateIndex(index)),
                 lambda table=table, index=index: self._index_exists(engine, table.name, index.name),
             )
         ]

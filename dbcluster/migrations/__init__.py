@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -121,14 +122,26 @@ def current_version(conn: Connection) -> str | None:
 
 def record_if_unrecorded(engine: Engine) -> None:
     """Record the current version where the current tables exist without it (after
-    ``create_schema``). Several processes may run it at once: the key keeps one row."""
+    ``create_schema``), in a transaction of its own: never in one that ran DDL. Several
+    processes may run it at once: the key keeps one row, and a transient error (SQLite's "database
+    is locked" when a read upgrades to a write another process made first) is tried again."""
     provider = get_provider(engine)
-    try:
-        with engine.begin() as conn:
-            if not _has_row(conn):
-                conn.execute(provider.record_schema_version(HEAD))
-    except IntegrityError:
-        pass  # another process recorded it first
+    for attempt in range(_RECORD_TRIES):
+        try:
+            with engine.begin() as conn:
+                if not _has_row(conn):
+                    conn.execute(provider.record_schema_version(HEAD))
+            return
+        except IntegrityError:
+            return  # another process recorded it first
+        except DBAPIError as exc:
+            if attempt + 1 < _RECORD_TRIES and provider.is_transient(exc):
+                time.sleep(0.05 * (attempt + 1))
+                continue
+            raise
+
+
+_RECORD_TRIES = 10
 
 
 def _pending(version: str, where: str) -> list[Revision]:
