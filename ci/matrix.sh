@@ -48,6 +48,23 @@ start() {
     log "$name: healthy after ${waited}s"
 }
 
+# wait_log NAME TIMEOUT_S TEXT: wait until the container's log has a line containing TEXT (a
+# health check can pass before the image's own setup has finished).
+wait_log() {
+    local name=$1 timeout=$2 text=$3 waited=0
+    log "$name: waiting up to ${timeout}s for '$text' in the container's log"
+    until docker logs "dbc-$name" 2>&1 | grep -qF "$text"; do
+        if [ "$waited" -ge "$timeout" ] || ! docker inspect "dbc-$name" >/dev/null 2>&1; then
+            docker logs --tail 50 "dbc-$name" >&2 || true
+            log "$name: no '$text' after ${waited}s"
+            return 1
+        fi
+        sleep 5
+        waited=$((waited + 5))
+    done
+    log "$name: '$text' after ${waited}s"
+}
+
 stop() {
     [ "$KEEP" = 1 ] || docker rm -f "dbc-$1" >/dev/null 2>&1 || true
 }
@@ -92,7 +109,8 @@ up_oracle23() {
 }
 up_mssql() {
     if ! odbcinst -q -d -n "ODBC Driver 18 for SQL Server" >/dev/null 2>&1; then
-        log "mssql: unixODBC and Microsoft's ODBC Driver 18 (package msodbcsql18) are needed"
+        log "mssql: unixODBC and Microsoft's ODBC Driver 18 (package msodbcsql18) are needed:" \
+            "see .github/workflows/backends.yml for how to install them on Ubuntu"
         return 1
     fi
     start mssql 300 "/opt/mssql-tools18/bin/sqlcmd -C -S localhost -U sa -P $PASSWORD -Q 'SELECT 1'" \
@@ -107,6 +125,9 @@ up_db2() {
         -p 127.0.0.1:50000:50000 -e LICENSE=accept -e DB2INSTANCE=db2inst1 \
         -e DB2INST1_PASSWORD="$PASSWORD" -e DBNAME=testdb -e ARCHIVE_LOGS=false \
         -e AUTOCONFIG=false icr.io/db2_community/db2:11.5.9.0
+    # The database answers a connect while the image's setup still runs (it restarts the
+    # instance after): wait for the setup's own last line too.
+    wait_log db2 1200 "Setup has completed"
     URL="db2+ibm_db://db2inst1:$PASSWORD@127.0.0.1:50000/testdb"
     ENV=DBCLUSTER_TEST_DB2_URL EXTRA=db2
 }
