@@ -117,3 +117,13 @@ def test_a_session_whose_call_timed_out_is_discarded_alone() -> None:
         assert not decided.is_disconnect and decided.invalidate_pool_on_disconnect
     finally:
         engine.dispose()
+
+
+def test_the_readme_names_the_setting() -> None:
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("## Supported databases", 1)[1].split("\n## ", 1)[0]
+    oracle = next(line for line in section.splitlines() if line.startswith("| Oracle | python"))
+    assert "`call_timeout`" in oracle and "11 s by default" in oracle
+    assert provider_for_name("oracle").call_timeout_ms(_limits(ClusterSettings())[1]) == 11_000
