@@ -65,6 +65,8 @@ def _locking_compiler(base: type[SQLCompiler]) -> type[SQLCompiler]:
 
         def for_update_clause(self, select: Any, **kw: Any) -> str:
             lock = select._for_update_arg
+            if lock.key_share and not lock.read:
+                raise CompileError("Db2 has no FOR NO KEY UPDATE")
             if lock.read:
                 # Db2 has no FOR SHARE: read stability, keeping share locks on what it read.
                 clause = " WITH RS USE AND KEEP SHARE LOCKS"
@@ -78,8 +80,6 @@ def _locking_compiler(base: type[SQLCompiler]) -> type[SQLCompiler]:
                 clause += " SKIP LOCKED DATA"
             elif lock.nowait:
                 clause += " NOWAIT"  # Db2 11.5.6 and later
-            if lock.key_share and not lock.read:
-                raise CompileError("Db2 has no FOR NO KEY UPDATE")
             return clause
 
     return Db2LockingCompiler
@@ -154,12 +154,10 @@ class Db2Provider(QueryProvider):
             return
         compiler, preparer = mended
         original_compiler, original_preparer = _db2_classes()  # type: ignore[misc]
-        if issubclass(dialect.statement_compiler, original_compiler) and not issubclass(
-            dialect.statement_compiler, compiler
-        ):
+        # Only ibm_db_sa's own classes are replaced: a dialect that brings its own is its own.
+        if dialect.statement_compiler is original_compiler:
             dialect.statement_compiler = compiler
-        current = type(dialect.identifier_preparer)
-        if issubclass(current, original_preparer) and not issubclass(current, preparer):
+        if type(dialect.identifier_preparer) is original_preparer:
             dialect.identifier_preparer = preparer(dialect)
 
     def configure_engine(

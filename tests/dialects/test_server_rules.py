@@ -338,3 +338,26 @@ def test_db2_migration_renames_the_lower_case_version_columns() -> None:
     for name in BUILTIN_NAMES:
         if name != "db2":
             assert 'RENAME COLUMN "version"' not in migrations.upgrade_sql(provider_for_name(name))
+
+
+def test_db2_locking_reads_render_db2s_clauses_on_the_providers_dialects_only() -> None:
+    """Each with_for_update() form in Db2's words, on a dialect the provider serves; a dialect
+    made elsewhere in the process keeps ibm_db_sa's own compiler (no process-wide patch)."""
+    from ibm_db_sa.base import DB2Compiler
+    from ibm_db_sa.ibm_db import DB2Dialect_ibm_db
+
+    provider = provider_for_name("db2")
+    nodes = schema.nodes
+    read = select(nodes.c.node_id).where(nodes.c.node_id == "n")
+    forms = {
+        "FOR UPDATE": read.with_for_update(),
+        "FOR UPDATE SKIP LOCKED DATA": read.with_for_update(skip_locked=True),
+        "FOR UPDATE NOWAIT": read.with_for_update(nowait=True),
+        "FOR UPDATE OF node_id": read.with_for_update(of=nodes.c.node_id),
+        "WITH RS USE AND KEEP SHARE LOCKS SKIP LOCKED DATA": read.with_for_update(
+            read=True, skip_locked=True
+        ),
+    }
+    for clause, stmt in forms.items():
+        assert str(stmt.compile(dialect=provider.dialect)).endswith(f"= ? {clause}"), clause
+    assert DB2Dialect_ibm_db().statement_compiler is DB2Compiler
