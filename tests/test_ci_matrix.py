@@ -72,10 +72,14 @@ def test_the_db2_job_waits_for_the_images_setup_to_finish() -> None:
     setup's last line is "Setup has completed"."""
     script = (ROOT / "ci" / "matrix.sh").read_text()
     db2 = script.split("up_db2() {", 1)[1].split("\n}\n", 1)[0]
-    assert "wait_log db2 " in db2 and '"Setup has completed"' in db2
-    assert db2.index("start db2") < db2.index("wait_log db2") < db2.index("URL=")
-    waiter = script.split("wait_log() {", 1)[1].split("\n}\n", 1)[0]
-    assert 'docker logs "dbc-$name" 2>&1 | grep -qF "$text"' in waiter
+    wait = 'wait_until db2 1200 "the end of the image\'s setup" logged db2 "Setup has completed"'
+    assert wait in db2
+    assert db2.index("start db2") < db2.index("wait_until db2") < db2.index("URL=")
+    logged = script.split("logged() {", 1)[1].split("\n}\n", 1)[0]
+    # Not grep -q: under pipefail, docker logs' SIGPIPE would fail a pipeline that matched.
+    assert 'docker logs "dbc-$1" 2>&1 | grep -F "$2" >/dev/null' in logged
+    waiter = script.split("wait_until() {", 1)[1].split("\n}\n", 1)[0]
+    assert 'until "$@"; do' in waiter
     assert "return 1" in waiter, "a setup that never finishes must fail the job"
 
 
