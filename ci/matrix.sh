@@ -25,6 +25,34 @@ PASSWORD=Dbcluster-Matrix-1
 
 log() { printf 'matrix: %s\n' "$*" >&2; }
 
+# wait_until NAME TIMEOUT_S WHAT COMMAND...: run COMMAND every 5 s until it succeeds; after
+# TIMEOUT_S, or once the container is gone, print its log's tail and fail.
+wait_until() {
+    local name=$1 timeout=$2 what=$3 waited=0
+    shift 3
+    log "$name: waiting up to ${timeout}s for $what"
+    until "$@"; do
+        if [ "$waited" -ge "$timeout" ] || ! docker inspect "dbc-$name" >/dev/null 2>&1; then
+            docker logs --tail 50 "dbc-$name" >&2 || true
+            log "$name: no $what after ${waited}s"
+            return 1
+        fi
+        sleep 5
+        waited=$((waited + 5))
+    done
+    log "$name: $what after ${waited}s"
+}
+
+healthy() { # healthy NAME: the container reports healthy
+    [ "$(docker inspect --format '{{.State.Health.Status}}' "dbc-$1" 2>/dev/null)" = healthy ]
+}
+
+logged() { # logged NAME TEXT: a line of the container's log contains TEXT
+    # grep reads the whole log (not -q): under pipefail, docker logs killed by SIGPIPE once
+    # grep -q stopped reading would fail the pipeline even when the line is there.
+    docker logs "dbc-$1" 2>&1 | grep -F "$2" >/dev/null
+}
+
 # start NAME TIMEOUT_S HEALTH_CMD DOCKER_RUN_ARGS...: start a container, wait until healthy.
 start() {
     local name=$1 timeout=$2 health=$3
@@ -32,20 +60,7 @@ start() {
     docker rm -f "dbc-$name" >/dev/null 2>&1 || true
     docker run -d --name "dbc-$name" --health-cmd "$health" --health-interval 5s \
         --health-retries 1000 "$@" >/dev/null
-    log "$name: waiting up to ${timeout}s for the container to be healthy"
-    local waited=0 state
-    while true; do
-        state=$(docker inspect --format '{{.State.Health.Status}}' "dbc-$name" 2>/dev/null || echo gone)
-        [ "$state" = healthy ] && break
-        if [ "$state" = gone ] || [ "$waited" -ge "$timeout" ]; then
-            docker logs --tail 50 "dbc-$name" >&2 || true
-            log "$name: not healthy after ${waited}s (state: $state)"
-            return 1
-        fi
-        sleep 5
-        waited=$((waited + 5))
-    done
-    log "$name: healthy after ${waited}s"
+    wait_until "$name" "$timeout" "a healthy container" healthy "$name"
 }
 
 stop() {
@@ -92,7 +107,8 @@ up_oracle23() {
 }
 up_mssql() {
     if ! odbcinst -q -d -n "ODBC Driver 18 for SQL Server" >/dev/null 2>&1; then
-        log "mssql: unixODBC and Microsoft's ODBC Driver 18 (package msodbcsql18) are needed"
+        log "mssql: unixODBC and Microsoft's ODBC Driver 18 (package msodbcsql18) are needed:" \
+            "see .github/workflows/backends.yml for how to install them on Ubuntu"
         return 1
     fi
     start mssql 300 "/opt/mssql-tools18/bin/sqlcmd -C -S localhost -U sa -P $PASSWORD -Q 'SELECT 1'" \
@@ -107,6 +123,9 @@ up_db2() {
         -p 127.0.0.1:50000:50000 -e LICENSE=accept -e DB2INSTANCE=db2inst1 \
         -e DB2INST1_PASSWORD="$PASSWORD" -e DBNAME=testdb -e ARCHIVE_LOGS=false \
         -e AUTOCONFIG=false icr.io/db2_community/db2:11.5.9.0
+    # The database answers a connect while the image's setup still runs (it restarts the
+    # instance after): wait for the setup's own last line too (a health check is not enough).
+    wait_until db2 1200 "the end of the image's setup" logged db2 "Setup has completed"
     URL="db2+ibm_db://db2inst1:$PASSWORD@127.0.0.1:50000/testdb"
     ENV=DBCLUSTER_TEST_DB2_URL EXTRA=db2
 }

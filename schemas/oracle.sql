@@ -185,3 +185,5 @@ CREATE TABLE batch_step_execution_context (
 );
 
 INSERT INTO batch_schema_version (version_num, applied_time) VALUES ('0002', SYS_EXTRACT_UTC(SYSTIMESTAMP));
+
+COMMIT;

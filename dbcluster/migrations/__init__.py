@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -121,14 +122,26 @@ def current_version(conn: Connection) -> str | None:
 
 def record_if_unrecorded(engine: Engine) -> None:
     """Record the current version where the current tables exist without it (after
-    ``create_schema``). Several processes may run it at once: the key keeps one row."""
+    ``create_schema``), in a transaction of its own: never in one that ran DDL. Several
+    processes may run it at once: the key keeps one row, and a transient error (SQLite's "database
+    is locked" when a read upgrades to a write another process made first) is tried again."""
     provider = get_provider(engine)
-    try:
-        with engine.begin() as conn:
-            if not _has_row(conn):
-                conn.execute(provider.record_schema_version(HEAD))
-    except IntegrityError:
-        pass  # another process recorded it first
+    for attempt in range(_RECORD_TRIES):
+        try:
+            with engine.begin() as conn:
+                if not _has_row(conn):
+                    conn.execute(provider.record_schema_version(HEAD))
+            return
+        except IntegrityError:
+            return  # another process recorded it first
+        except DBAPIError as exc:
+            if attempt + 1 < _RECORD_TRIES and provider.is_transient(exc):
+                time.sleep(0.05 * (attempt + 1))
+                continue
+            raise
+
+
+_RECORD_TRIES = 10
 
 
 def _pending(version: str, where: str) -> list[Revision]:
@@ -202,6 +215,10 @@ def upgrade(engine: Engine, *, to: str = HEAD, force: bool = False) -> list[Revi
             op = Operations(provider, conn)
             revision.upgrade(op)
             _record(op, revision.revision, had_row=_has_row(conn))
+        # What cannot share the revision's transaction (Db2's REORG of a retyped table).
+        for statement in op.after_commit:
+            with engine.begin() as conn:
+                conn.exec_driver_sql(statement)
         applied.append(revision)
     return applied
 
@@ -228,7 +245,12 @@ def upgrade_sql(provider: QueryProvider, *, from_version: str = "0001", to: str 
         _record(op, revision.revision, had_row=had_row)
         had_row = True
         lines.append(f"\n-- revision {revision.revision} ({revision.release}): {revision.title}")
-        lines.extend(f"\n{statement};" for statement in op.statements)
+        lines.extend(f"\n{provider.script_line(statement)}" for statement in op.statements)
+        if op.after_commit or provider.scripts_commit:
+            lines.append(f"\n{provider.script_line('COMMIT')}")
+        if op.after_commit:
+            lines.append("\n-- once the revision has committed, each on its own:")
+            lines.extend(f"\n{provider.script_line(statement)}" for statement in op.after_commit)
     return "\n".join(lines) + "\n"
 
 

@@ -8,7 +8,7 @@ rendered type, an index's name) instead of assuming it, so they never drift with
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 
@@ -50,6 +50,9 @@ class Baseline:
     #: (table, column) -> the type as 0.1.0 rendered it, e.g. "VARCHAR(100)".
     column_types: dict[tuple[str, str], str]
     keys: tuple[Key, ...]
+    #: (table, column) -> the column's name as 0.1.0 wrote it, quotes and case kept (Db2's
+    #: ``"version"``).
+    column_names: dict[tuple[str, str], str] = field(default_factory=dict)
 
     def keys_on(self, table: str, columns: set[str]) -> list[Key]:
         """The indexes and keys of ``table`` that cover any of ``columns``."""
@@ -72,6 +75,7 @@ def baseline(provider_name: str) -> Baseline:
     statements = tuple(s.strip() for s in body.split(";\n") if s.strip().rstrip(";"))
     statements = tuple(s.rstrip(";").strip() for s in statements)
     types: dict[tuple[str, str], str] = {}
+    names: dict[tuple[str, str], str] = {}
     keys: list[Key] = []
     for statement in statements:
         if index := _CREATE_INDEX.match(statement):
@@ -93,4 +97,5 @@ def baseline(provider_name: str) -> Baseline:
             name, _, rest = item.partition(" ")
             end = _TYPE_END.search(rest)
             types[(table[1], name.strip('"'))] = (rest[: end.start()] if end else rest).strip()
-    return Baseline(statements, types, tuple(keys))
+            names[(table[1], name.strip('"'))] = name
+    return Baseline(statements, types, tuple(keys), names)

@@ -1,11 +1,16 @@
 """The operations a revision's ``upgrade(op)`` calls: dialect-neutral, compiled per database.
 
 SQL comes from SQLAlchemy's DDL constructs compiled by the database's dialect; what they cannot
-say (adding or retyping a column, dropping an unnamed primary key) comes from the provider's
-migration hooks. Online, every operation first checks whether it is already done (a table, column
-or index that exists is left alone), so a revision cut short on a database whose DDL commits on
-its own (MySQL, MariaDB, Oracle) completes when ``dbcluster migrate`` runs again. Offline
-(``--sql``) every statement is collected instead, for a DBA to run.
+say (adding, renaming or retyping a column, dropping an unnamed primary key) comes from the
+provider's migration hooks. Online, every operation first checks whether it is already done (a
+table, column or index that exists is left alone), so a revision cut short on a database whose
+DDL commits on its own (MySQL, MariaDB, Oracle) completes when ``dbcluster migrate`` runs again;
+where the provider can, each statement also checks for itself
+(:meth:`~dbcluster.dialects.base.QueryProvider.unless_present`), which keeps a DBA's script
+re-runnable too. Offline (``--sql``) every statement is collected instead, for a DBA to run.
+
+What must wait until the revision has committed (Db2 reorganizing a retyped table) is collected
+in :attr:`Operations.after_commit`, run each in a transaction of its own after the revision's.
 """
 
 from __future__ import annotations
@@ -36,12 +41,14 @@ class Operations:
         self.conn = conn
         #: Every statement issued (online) or to issue (offline), in order.
         self.statements: list[str] = []
+        #: Statements to run once the revision has committed, each in a transaction of its own.
+        self.after_commit: list[str] = []
 
     # --- running --------------------------------------------------------------------------------
 
     def execute(self, statement: Any) -> None:
         """Run (or collect) a statement: SQL text or a SQLAlchemy construct."""
-        sql = statement if isinstance(statement, str) else self.provider.literal_sql(statement)
+        sql = self._sql(statement)
         self.statements.append(sql)
         if self.conn is not None:
             self.conn.exec_driver_sql(sql)
@@ -67,18 +74,26 @@ class Operations:
 
     # --- operations -----------------------------------------------------------------------------
 
+    def _sql(self, statement: Any) -> str:
+        return statement if isinstance(statement, str) else self.provider.literal_sql(statement)
+
     def create_table(self, table: Table) -> None:
         """Create a table and its indexes."""
         if not self.has_table(table.name):
-            self.execute(CreateTable(table))
+            sql = self._sql(CreateTable(table))
+            for guarded in self.provider.unless_present("table", table.name, None, [sql]):
+                self.execute(guarded)
         for index in sorted(table.indexes, key=lambda i: i.name or ""):
             self.create_index(index)
 
     def create_index(self, index: Index) -> None:
         if index.table is None or index.name is None:
             raise ValueError("a migration's index needs a name and a table")
-        if not self.has_index(index.table.name, str(index.name)):
-            self.execute(CreateIndex(index))
+        table, name = index.table.name, str(index.name)
+        if not self.has_index(table, name):
+            sql = self._sql(CreateIndex(index))
+            for guarded in self.provider.unless_present("index", table, name, [sql]):
+                self.execute(guarded)
 
     def add_column(self, table: str, column: Column[Any]) -> None:
         """Add a column. A NOT NULL column needs a ``server_default`` for the rows already there
@@ -90,8 +105,20 @@ class Operations:
             return
         Table(table, MetaData(), column)  # the compiler renders a column of a table
         spec = self.dialect.ddl_compiler(self.dialect, None).get_column_specification(column)
-        for sql in self.provider.add_column_sql(table, spec):
+        added = self.provider.add_column_sql(table, spec)
+        for sql in self.provider.unless_present("column", table, column.name, added):
             self.execute(sql)
+
+    def respell_columns(self, table: Table, old: Baseline) -> None:
+        """Rename the columns of ``table`` whose name this dialect now writes otherwise than
+        ``old`` did (Db2: the reserved ``version``, quoted ``"version"`` by 0.1.0, is now
+        ``"VERSION"``, the column an unquoted ``VERSION`` names). The rest are left alone."""
+        for column in table.columns:
+            written = old.column_names.get((table.name, column.name))
+            now = self.provider.quote(column.name)
+            if written is not None and written != now:
+                for sql in self.provider.rename_column_sql(table.name, written, now):
+                    self.execute(sql)
 
     def retype_columns(self, table: Table, names: list[str], old: Baseline) -> None:
         """Give ``names`` of ``table`` the types ``table`` declares, where this database renders
@@ -121,6 +148,9 @@ class Operations:
                 self.execute(sql)
         for key in keys:
             self._create_key(key)
+        for sql in self.provider.after_alter_sql(table.name):
+            if sql not in self.after_commit:
+                self.after_commit.append(sql)
 
     # --- keys around a retype -------------------------------------------------------------------
 

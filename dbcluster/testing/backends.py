@@ -99,6 +99,16 @@ def reset_tables(engine: Engine) -> None:
             conn.execute(delete(table))
 
 
+def create_tables(engine: Engine) -> None:
+    """The dbcluster tables as ``dbcluster init`` makes them: the provider's DDL, then the
+    version row in a transaction of its own (a database may refuse DML on a table created in the
+    still-open transaction, which ``metadata.create_all`` would ask of it)."""
+    from dbcluster import migrations
+
+    get_provider(engine).create_schema(engine)
+    migrations.record_if_unrecorded(engine)
+
+
 def drop_tables(engine: Engine) -> None:
     """Drop the dbcluster tables and the test application's tables with them.
 
@@ -255,7 +265,7 @@ def open_backend(spec: BackendSpec, label: str | None = None) -> Backend:
     engine = make_engine(url)
     try:
         drop_tables(engine)
-        schema.metadata.create_all(engine)
+        create_tables(engine)
     except Exception as exc:
         engine.dispose()
         for action in reversed(cleanup):
@@ -277,6 +287,6 @@ def open_url(url: str, label: str | None = None) -> Backend:
         ) from exc
     engine = make_engine(isolated)
     drop_tables(engine)
-    schema.metadata.create_all(engine)
+    create_tables(engine)
     name = get_provider(engine).name
     return Backend(name, label or name, isolated, engine, cleanup)

@@ -3,13 +3,15 @@
 
 -- revision 0002 (0.2.0): 0.1.0 -> 0.2.0: epochs, retries, indexes, exact text, the version table.
 
+ALTER TABLE batch_job_instance RENAME COLUMN "version" TO "VERSION";
+
+ALTER TABLE batch_job_execution RENAME COLUMN "version" TO "VERSION";
+
+ALTER TABLE batch_step_execution RENAME COLUMN "version" TO "VERSION";
+
 ALTER TABLE batch_job_execution_context ALTER COLUMN serialized_context SET DATA TYPE CLOB(1073741824);
 
-CALL SYSPROC.ADMIN_CMD('REORG TABLE batch_job_execution_context');
-
 ALTER TABLE batch_step_execution_context ALTER COLUMN serialized_context SET DATA TYPE CLOB(1073741824);
-
-CALL SYSPROC.ADMIN_CMD('REORG TABLE batch_step_execution_context');
 
 ALTER TABLE batch_job_coordination ADD COLUMN master_epoch INT NOT NULL WITH DEFAULT 1;
 
@@ -80,3 +82,11 @@ CREATE TABLE batch_schema_version (
 );
 
 INSERT INTO batch_schema_version (version_num, applied_time) VALUES ('0002', (CURRENT TIMESTAMP - CURRENT TIMEZONE));
+
+COMMIT;
+
+-- once the revision has committed, each on its own:
+
+CALL SYSPROC.ADMIN_CMD('REORG TABLE batch_job_execution_context');
+
+CALL SYSPROC.ADMIN_CMD('REORG TABLE batch_step_execution_context');

@@ -3,39 +3,121 @@
 
 -- revision 0002 (0.2.0): 0.1.0 -> 0.2.0: epochs, retries, indexes, exact text, the version table.
 
-ALTER TABLE batch_job_execution_params ADD (identifying_new SMALLINT);
+BEGIN
+  FOR pending IN (SELECT 1 FROM dual WHERE EXISTS (SELECT 1 FROM user_tab_columns WHERE table_name = 'BATCH_JOB_EXECUTION_PARAMS' AND column_name = 'IDENTIFYING' AND data_type = 'BOOLEAN') AND NOT EXISTS (SELECT 1 FROM user_tab_columns WHERE table_name = 'BATCH_JOB_EXECUTION_PARAMS' AND column_name = 'IDENTIFYING_NEW')) LOOP
+    EXECUTE IMMEDIATE 'ALTER TABLE batch_job_execution_params ADD (identifying_new SMALLINT)';
+  END LOOP;
+END;
+/
 
-UPDATE batch_job_execution_params SET identifying_new = CASE WHEN identifying THEN 1 ELSE 0 END;
+BEGIN
+  FOR pending IN (SELECT 1 FROM dual WHERE EXISTS (SELECT 1 FROM user_tab_columns WHERE table_name = 'BATCH_JOB_EXECUTION_PARAMS' AND column_name = 'IDENTIFYING' AND data_type = 'BOOLEAN') AND EXISTS (SELECT 1 FROM user_tab_columns WHERE table_name = 'BATCH_JOB_EXECUTION_PARAMS' AND column_name = 'IDENTIFYING_NEW')) LOOP
+    EXECUTE IMMEDIATE 'UPDATE batch_job_execution_params SET identifying_new = CASE WHEN identifying THEN 1 ELSE 0 END';
+  END LOOP;
+END;
+/
 
-ALTER TABLE batch_job_execution_params DROP COLUMN identifying;
+BEGIN
+  FOR pending IN (SELECT 1 FROM dual WHERE EXISTS (SELECT 1 FROM user_tab_columns WHERE table_name = 'BATCH_JOB_EXECUTION_PARAMS' AND column_name = 'IDENTIFYING' AND data_type = 'BOOLEAN') AND EXISTS (SELECT 1 FROM user_tab_columns WHERE table_name = 'BATCH_JOB_EXECUTION_PARAMS' AND column_name = 'IDENTIFYING_NEW')) LOOP
+    EXECUTE IMMEDIATE 'ALTER TABLE batch_job_execution_params DROP COLUMN identifying';
+  END LOOP;
+END;
+/
 
-ALTER TABLE batch_job_execution_params RENAME COLUMN identifying_new TO identifying;
+BEGIN
+  FOR pending IN (SELECT 1 FROM dual WHERE EXISTS (SELECT 1 FROM user_tab_columns WHERE table_name = 'BATCH_JOB_EXECUTION_PARAMS' AND column_name = 'IDENTIFYING_NEW') AND NOT EXISTS (SELECT 1 FROM user_tab_columns WHERE table_name = 'BATCH_JOB_EXECUTION_PARAMS' AND column_name = 'IDENTIFYING')) LOOP
+    EXECUTE IMMEDIATE 'ALTER TABLE batch_job_execution_params RENAME COLUMN identifying_new TO identifying';
+  END LOOP;
+END;
+/
 
-ALTER TABLE batch_job_execution_params MODIFY (identifying NOT NULL);
+BEGIN
+  FOR pending IN (SELECT 1 FROM dual WHERE EXISTS (SELECT 1 FROM user_tab_columns WHERE table_name = 'BATCH_JOB_EXECUTION_PARAMS' AND column_name = 'IDENTIFYING' AND nullable = 'Y')) LOOP
+    EXECUTE IMMEDIATE 'ALTER TABLE batch_job_execution_params MODIFY (identifying NOT NULL)';
+  END LOOP;
+END;
+/
 
-ALTER TABLE batch_partitions ADD (transferable_new SMALLINT);
+BEGIN
+  FOR pending IN (SELECT 1 FROM dual WHERE EXISTS (SELECT 1 FROM user_tab_columns WHERE table_name = 'BATCH_PARTITIONS' AND column_name = 'TRANSFERABLE' AND data_type = 'BOOLEAN') AND NOT EXISTS (SELECT 1 FROM user_tab_columns WHERE table_name = 'BATCH_PARTITIONS' AND column_name = 'TRANSFERABLE_NEW')) LOOP
+    EXECUTE IMMEDIATE 'ALTER TABLE batch_partitions ADD (transferable_new SMALLINT)';
+  END LOOP;
+END;
+/
 
-UPDATE batch_partitions SET transferable_new = CASE WHEN transferable THEN 1 ELSE 0 END;
+BEGIN
+  FOR pending IN (SELECT 1 FROM dual WHERE EXISTS (SELECT 1 FROM user_tab_columns WHERE table_name = 'BATCH_PARTITIONS' AND column_name = 'TRANSFERABLE' AND data_type = 'BOOLEAN') AND EXISTS (SELECT 1 FROM user_tab_columns WHERE table_name = 'BATCH_PARTITIONS' AND column_name = 'TRANSFERABLE_NEW')) LOOP
+    EXECUTE IMMEDIATE 'UPDATE batch_partitions SET transferable_new = CASE WHEN transferable THEN 1 ELSE 0 END';
+  END LOOP;
+END;
+/
 
-ALTER TABLE batch_partitions DROP COLUMN transferable;
+BEGIN
+  FOR pending IN (SELECT 1 FROM dual WHERE EXISTS (SELECT 1 FROM user_tab_columns WHERE table_name = 'BATCH_PARTITIONS' AND column_name = 'TRANSFERABLE' AND data_type = 'BOOLEAN') AND EXISTS (SELECT 1 FROM user_tab_columns WHERE table_name = 'BATCH_PARTITIONS' AND column_name = 'TRANSFERABLE_NEW')) LOOP
+    EXECUTE IMMEDIATE 'ALTER TABLE batch_partitions DROP COLUMN transferable';
+  END LOOP;
+END;
+/
 
-ALTER TABLE batch_partitions RENAME COLUMN transferable_new TO transferable;
+BEGIN
+  FOR pending IN (SELECT 1 FROM dual WHERE EXISTS (SELECT 1 FROM user_tab_columns WHERE table_name = 'BATCH_PARTITIONS' AND column_name = 'TRANSFERABLE_NEW') AND NOT EXISTS (SELECT 1 FROM user_tab_columns WHERE table_name = 'BATCH_PARTITIONS' AND column_name = 'TRANSFERABLE')) LOOP
+    EXECUTE IMMEDIATE 'ALTER TABLE batch_partitions RENAME COLUMN transferable_new TO transferable';
+  END LOOP;
+END;
+/
 
-ALTER TABLE batch_partitions MODIFY (transferable NOT NULL);
+BEGIN
+  FOR pending IN (SELECT 1 FROM dual WHERE EXISTS (SELECT 1 FROM user_tab_columns WHERE table_name = 'BATCH_PARTITIONS' AND column_name = 'TRANSFERABLE' AND nullable = 'Y')) LOOP
+    EXECUTE IMMEDIATE 'ALTER TABLE batch_partitions MODIFY (transferable NOT NULL)';
+  END LOOP;
+END;
+/
 
-ALTER TABLE batch_job_coordination ADD (master_epoch INTEGER DEFAULT 1 NOT NULL);
+BEGIN
+  FOR pending IN (SELECT 1 FROM dual WHERE NOT EXISTS (SELECT 1 FROM user_tab_columns WHERE table_name = 'BATCH_JOB_COORDINATION' AND column_name = 'MASTER_EPOCH')) LOOP
+    EXECUTE IMMEDIATE 'ALTER TABLE batch_job_coordination ADD (master_epoch INTEGER DEFAULT 1 NOT NULL)';
+  END LOOP;
+END;
+/
 
-ALTER TABLE batch_partitions ADD (max_attempts INTEGER DEFAULT 1 NOT NULL);
+BEGIN
+  FOR pending IN (SELECT 1 FROM dual WHERE NOT EXISTS (SELECT 1 FROM user_tab_columns WHERE table_name = 'BATCH_PARTITIONS' AND column_name = 'MAX_ATTEMPTS')) LOOP
+    EXECUTE IMMEDIATE 'ALTER TABLE batch_partitions ADD (max_attempts INTEGER DEFAULT 1 NOT NULL)';
+  END LOOP;
+END;
+/
 
-ALTER TABLE batch_partitions ADD (retried_at TIMESTAMP);
+BEGIN
+  FOR pending IN (SELECT 1 FROM dual WHERE NOT EXISTS (SELECT 1 FROM user_tab_columns WHERE table_name = 'BATCH_PARTITIONS' AND column_name = 'RETRIED_AT')) LOOP
+    EXECUTE IMMEDIATE 'ALTER TABLE batch_partitions ADD (retried_at TIMESTAMP)';
+  END LOOP;
+END;
+/
 
-ALTER TABLE batch_partitions ADD (trace_context VARCHAR2(100 CHAR));
+BEGIN
+  FOR pending IN (SELECT 1 FROM dual WHERE NOT EXISTS (SELECT 1 FROM user_tab_columns WHERE table_name = 'BATCH_PARTITIONS' AND column_name = 'TRACE_CONTEXT')) LOOP
+    EXECUTE IMMEDIATE 'ALTER TABLE batch_partitions ADD (trace_context VARCHAR2(100 CHAR))';
+  END LOOP;
+END;
+/
 
-CREATE INDEX ix_part_status ON batch_partitions (status, step_execution_id);
+BEGIN
+  FOR pending IN (SELECT 1 FROM dual WHERE NOT EXISTS (SELECT 1 FROM user_indexes WHERE index_name = 'IX_PART_STATUS')) LOOP
+    EXECUTE IMMEDIATE 'CREATE INDEX ix_part_status ON batch_partitions (status, step_execution_id)';
+  END LOOP;
+END;
+/
 
-CREATE INDEX ix_part_job_status ON batch_partitions (job_execution_id, status);
+BEGIN
+  FOR pending IN (SELECT 1 FROM dual WHERE NOT EXISTS (SELECT 1 FROM user_indexes WHERE index_name = 'IX_PART_JOB_STATUS')) LOOP
+    EXECUTE IMMEDIATE 'CREATE INDEX ix_part_job_status ON batch_partitions (job_execution_id, status)';
+  END LOOP;
+END;
+/
 
-CREATE TABLE batch_job_masters (
+BEGIN
+  FOR pending IN (SELECT 1 FROM dual WHERE NOT EXISTS (SELECT 1 FROM user_tables WHERE table_name = 'BATCH_JOB_MASTERS')) LOOP
+    EXECUTE IMMEDIATE 'CREATE TABLE batch_job_masters (
 	job_execution_id NUMBER(19) NOT NULL, 
 	master_epoch INTEGER NOT NULL, 
 	master_node VARCHAR2(100 CHAR) NOT NULL, 
@@ -43,7 +125,10 @@ CREATE TABLE batch_job_masters (
 	since TIMESTAMP NOT NULL, 
 	CONSTRAINT pk_job_masters PRIMARY KEY (job_execution_id, master_epoch), 
 	CONSTRAINT fk_masters_job_exec FOREIGN KEY(job_execution_id) REFERENCES batch_job_execution (job_execution_id)
-);
+)';
+  END LOOP;
+END;
+/
 
 INSERT INTO batch_job_masters (job_execution_id, master_epoch, master_node, reason, since) SELECT batch_job_coordination.job_execution_id, 1 AS anon_1, batch_job_coordination.master_node, 'launched' AS anon_2, batch_job_coordination.created_time 
 FROM batch_job_coordination 
@@ -51,16 +136,28 @@ WHERE NOT (EXISTS (SELECT *
 FROM batch_job_masters 
 WHERE batch_job_masters.job_execution_id = batch_job_coordination.job_execution_id));
 
-CREATE INDEX ix_job_exec_status_end ON batch_job_execution (status, end_time);
+BEGIN
+  FOR pending IN (SELECT 1 FROM dual WHERE NOT EXISTS (SELECT 1 FROM user_indexes WHERE index_name = 'IX_JOB_EXEC_STATUS_END')) LOOP
+    EXECUTE IMMEDIATE 'CREATE INDEX ix_job_exec_status_end ON batch_job_execution (status, end_time)';
+  END LOOP;
+END;
+/
 
-CREATE TABLE batch_leases (
+BEGIN
+  FOR pending IN (SELECT 1 FROM dual WHERE NOT EXISTS (SELECT 1 FROM user_tables WHERE table_name = 'BATCH_LEASES')) LOOP
+    EXECUTE IMMEDIATE 'CREATE TABLE batch_leases (
 	lease_name VARCHAR2(100 CHAR) NOT NULL, 
 	holder VARCHAR2(100 CHAR) NOT NULL, 
 	renewed_at TIMESTAMP NOT NULL, 
 	PRIMARY KEY (lease_name)
-);
+)';
+  END LOOP;
+END;
+/
 
-CREATE TABLE batch_launch_requests (
+BEGIN
+  FOR pending IN (SELECT 1 FROM dual WHERE NOT EXISTS (SELECT 1 FROM user_tables WHERE table_name = 'BATCH_LAUNCH_REQUESTS')) LOOP
+    EXECUTE IMMEDIATE 'CREATE TABLE batch_launch_requests (
 	request_id NUMERIC(19) GENERATED BY DEFAULT AS IDENTITY (START WITH 1), 
 	job_name VARCHAR2(100 CHAR) NOT NULL, 
 	parameters CLOB NOT NULL, 
@@ -72,23 +169,43 @@ CREATE TABLE batch_launch_requests (
 	job_execution_id NUMBER(19), 
 	error_message VARCHAR2(2500 CHAR), 
 	PRIMARY KEY (request_id)
-);
+)';
+  END LOOP;
+END;
+/
 
-CREATE INDEX ix_launch_status ON batch_launch_requests (status, request_id);
+BEGIN
+  FOR pending IN (SELECT 1 FROM dual WHERE NOT EXISTS (SELECT 1 FROM user_indexes WHERE index_name = 'IX_LAUNCH_STATUS')) LOOP
+    EXECUTE IMMEDIATE 'CREATE INDEX ix_launch_status ON batch_launch_requests (status, request_id)';
+  END LOOP;
+END;
+/
 
-CREATE TABLE batch_schedule_fires (
+BEGIN
+  FOR pending IN (SELECT 1 FROM dual WHERE NOT EXISTS (SELECT 1 FROM user_tables WHERE table_name = 'BATCH_SCHEDULE_FIRES')) LOOP
+    EXECUTE IMMEDIATE 'CREATE TABLE batch_schedule_fires (
 	schedule_name VARCHAR2(100 CHAR) NOT NULL, 
 	fire_time TIMESTAMP NOT NULL, 
 	request_id NUMBER(19) NOT NULL, 
 	fired_by VARCHAR2(100 CHAR) NOT NULL, 
 	fired_at TIMESTAMP NOT NULL, 
 	CONSTRAINT pk_schedule_fires PRIMARY KEY (schedule_name, fire_time)
-);
+)';
+  END LOOP;
+END;
+/
 
-CREATE TABLE batch_schema_version (
+BEGIN
+  FOR pending IN (SELECT 1 FROM dual WHERE NOT EXISTS (SELECT 1 FROM user_tables WHERE table_name = 'BATCH_SCHEMA_VERSION')) LOOP
+    EXECUTE IMMEDIATE 'CREATE TABLE batch_schema_version (
 	version_num VARCHAR2(32 CHAR) NOT NULL, 
 	applied_time TIMESTAMP NOT NULL, 
 	PRIMARY KEY (version_num)
-);
+)';
+  END LOOP;
+END;
+/
 
 INSERT INTO batch_schema_version (version_num, applied_time) VALUES ('0002', SYS_EXTRACT_UTC(SYSTIMESTAMP));
+
+COMMIT;

@@ -3,7 +3,9 @@ from their URL and pass the conformance suite, run with the documented command.
 
 Two worked examples (``tests/thirdparty/``): ``sqlitex``, SQLite under another URL scheme, and
 ``filedb``, the one to copy: a dialect named for its database, a port-less URL, its own column
-type, install hint and scratch databases (docs/PROVIDERS.md).
+type, install hint and scratch databases (docs/PROVIDERS.md). A third, ``ddlapart``, stands in for
+a database whose new table takes no DML until its DDL has committed (Firebird): ``init`` and the
+suite must never write a row in a transaction of DDL.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ def install(package: Path, site: Path) -> Path:
 def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """The environment of a Python in which both examples are installed."""
     site = tmp_path_factory.mktemp("site")
-    for example in ("sqlitex", "filedb"):
+    for example in ("sqlitex", "filedb", "ddlapart"):
         install(EXAMPLES / example, site)
     return {
         **os.environ,
@@ -127,3 +129,53 @@ def test_the_worked_example_passes_the_suite_in_a_scratch_file_of_its_own(
     assert " skipped" not in output, output[-3000:]
     assert not given.exists(), "the suite worked in the given database, not a scratch one"
     assert not list(tmp_path.glob("dbc_*")), "the scratch database was left behind"
+
+
+def test_a_database_whose_new_tables_take_dml_only_once_committed_refuses_it(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """The stand-in is strict: in one transaction, a row for a table it has just created is
+    refused (what ``metadata.create_all`` asks, its version row riding in the DDL's transaction)."""
+    script = (
+        "import sys\n"
+        "from sqlalchemy import text\n"
+        "from dbcluster import schema\n"
+        "from dbcluster.dialects import make_engine\n"
+        "engine = make_engine(sys.argv[1])\n"
+        "try:\n"
+        "    schema.metadata.create_all(engine)\n"
+        "except Exception as exc:\n"
+        "    print('refused:', exc)\n"
+        "with engine.begin() as conn:\n"
+        "    conn.execute(text('CREATE TABLE later (x INTEGER)'))\n"
+        "with engine.begin() as conn:\n"
+        "    conn.execute(text('INSERT INTO later VALUES (1)'))\n"
+        "print('committed first: accepted')\n"
+    )
+    found = run(env, "-c", script, f"ddlapart:///{tmp_path}/strict.db")
+    assert found.returncode == 0, found.stderr[-3000:]
+    assert "refused: " in found.stdout and "Table unknown BATCH_SCHEMA_VERSION" in found.stdout
+    assert "committed first: accepted" in found.stdout
+
+
+def test_init_writes_no_row_in_a_transaction_of_ddl_and_the_suite_passes(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """``dbcluster init`` creates the tables, then records the version in a transaction of its
+    own (twice: the second run finds everything there); the suite, whose set-up makes the
+    tables the same way, passes on such a database."""
+    url = f"ddlapart:///{tmp_path}/init.db"
+    assert provider_module(env, url) == "dbcluster_ddlapart"
+    for _ in range(2):
+        init = run(env, "-m", "dbcluster.cli", "init", "--url", url)
+        assert init.returncode == 0, init.stdout + init.stderr
+        assert "Traceback" not in init.stderr, init.stderr
+    version = run(
+        env,
+        "-c",
+        "import sys; from dbcluster import migrations; from dbcluster.dialects import "
+        "make_engine; migrations.require_current_schema(make_engine(sys.argv[1])); print('ok')",
+        url,
+    )
+    assert version.stdout.strip() == "ok", version.stdout + version.stderr
+    run_suite(env, f"ddlapart:///{tmp_path}/suite.db", tmp_path)

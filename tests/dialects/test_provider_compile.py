@@ -6,15 +6,26 @@ providers produce SQL those dialects accept, with the vendor functions we rely o
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
-from sqlalchemy import bindparam, literal_column, select
+from sqlalchemy import bindparam, select
+from sqlalchemy.sql.elements import ClauseElement
 
 from dbcluster import schema
 from dbcluster.dialects import BUILTIN_NAMES, provider_for_name
-from dbcluster.dialects.base import COORD_STARTED, PARTITION_COMPLETED, QueryProvider, SessionLimits
+from dbcluster.dialects.base import PARTITION_COMPLETED, QueryProvider, SessionLimits
 from dbcluster.schema import nodes
+from dbcluster.testing.suite.statements import (
+    CALLS,
+    NEW_ROW,
+    NOT_SQL,
+    StatementError,
+    provider_methods,
+    render_all,
+    unlisted,
+)
 
 CLOCKS = {
     "postgresql": "timezone('UTC', clock_timestamp())",
@@ -45,80 +56,41 @@ TIMESTAMP_TYPES = {
 }
 
 
-def statements(provider: QueryProvider) -> list:
-    return [
-        provider.select_now(),
-        select(nodes.c.node_id).where(provider.older_than(nodes.c.last_heartbeat, 250)),
-        provider.heartbeat("n", 1),
-        provider.touch_node("n", 1),
-        provider.mark_unreachable(10_000),
-        provider.mark_removing(30_000),
-        provider.fence_partitions_of_removing(),
-        provider.delete_removing(),
-        provider.fence_claims_of("n"),
-        provider.deregister_node("n"),
-        provider.set_node_capacity("n", 0),
-        provider.select_nodes(),
-        provider.select_nodes_with_age(),
-        provider.insert_partitions(),
-        provider.claim_partition(1, "n", 1),
-        provider.hold_partition(1, "n", 1),
-        provider.finish_partition(1, "n", 1, PARTITION_COMPLETED),
-        provider.release_partition(1, "n", 1),
-        provider.reassign_partition(1, "n", 1, "m"),
-        provider.reassign_partition(1, None, 1, "m"),
-        provider.fail_orphaned_partition(1, "n", 1),
-        provider.select_pending_for_node("n", 10),
-        provider.select_orphaned_partitions(1),
-        provider.select_partition_counts(1),
-        provider.select_partitions(1),
-        provider.insert_coordination(1, "n"),
-        # As riders of a statement that creates a row (a one-row source of its new id).
-        provider.insert_coordination(_NEW.c.id, bindparam("b_node"), source=_NEW),
-        provider.insert_coordination(
-            _NEW.c.id, bindparam("b_node"), COORD_STARTED, _NEW.c.id, "w", source=_NEW
-        ),
-        provider.insert_master(_NEW.c.id, 1, bindparam("b_node"), "launched", source=_NEW),
-        provider.insert_partition_from(_NEW, _NEW.c.id),
-        provider.hold_mastership(1, "n", 1),
-        provider.place_coordination(1, "n", 1, 2, "w"),
-        provider.finish_mastership(1, "n", 1, "COMPLETED"),
-        provider.set_coordination_status(1, "n", 2, [COORD_STARTED], "COMPLETED"),
-        provider.select_stranded_masters(),
-        provider.fail_job_partitions(1),
-        provider.fail_job_partitions(1, [2, 3]),
-        provider.select_in_flight_partition_ids(1),
-        provider.release_pending_for_node("n"),
-        provider.select_recovering_owned_by("n"),
-        provider.select_in_flight_count(1),
-        provider.claim_stranded_master(1, "n", 1, COORD_STARTED, "m"),
-        # The hot statements, as the coordination store builds them once (bound parameters).
-        provider.heartbeat(bindparam("b_node"), bindparam("b_load")),
-        provider.select_claimable(bindparam("b_node"), 4, None, None),
-        provider.select_claimable(bindparam("b_node"), 4, 5000, 10_000),
-        provider.lock_claimable(bindparam("b_ids", expanding=True)),
-        provider.claim_partitions(bindparam("b_node"), bindparam("b_ids", expanding=True)),
-        provider.start_claimed(
-            bindparam("b_node"), bindparam("b_ids", expanding=True), bindparam("b_started_at")
-        ),
-        provider.select_claimed(bindparam("b_node"), bindparam("b_ids", expanding=True)),
-        provider.hold_partition(bindparam("b_id"), bindparam("b_node"), bindparam("b_attempt")),
-        provider.retry_partition(bindparam("b_id"), bindparam("b_node"), bindparam("b_attempt")),
-        provider.release_partition(bindparam("b_id"), bindparam("b_node"), bindparam("b_attempt")),
-        provider.select_stale_node(10_000, 30_000),
-    ]
+#: Every dialect dbcluster compiles for: each built-in provider at the oldest server version it
+#: supports, and Oracle's 23ai as well (native BOOLEAN, the offline dialect's default otherwise).
+DIALECTS = [(name, None) for name in BUILTIN_NAMES] + [("oracle", (23,))]
+DIALECT_IDS = [name if version is None else f"{name}{version[0]}" for name, version in DIALECTS]
 
 
-#: A one-row source standing in for a statement's new row (what riders take values from).
-_NEW = select(literal_column("1").label("id")).subquery("dbc_new")
+def statements(provider: QueryProvider) -> list[Any]:
+    """Every SQLAlchemy statement ``provider`` builds: each method of the provider contract, by
+    introspection (``dbcluster.testing.suite.statements``), in each variant the product uses."""
+    built: list[Any] = []
+    for method in sorted(provider_methods(type(provider)) & set(CALLS)):
+        built.extend(s for s in CALLS[method](provider) if isinstance(s, ClauseElement))
+    return built
 
 
-@pytest.mark.parametrize("name", BUILTIN_NAMES)
-def test_every_statement_compiles(name: str) -> None:
-    provider = provider_for_name(name)
-    for stmt in statements(provider):
-        sql = str(stmt.compile(dialect=provider.dialect))
-        assert sql.strip()
+def test_every_provider_method_is_called_or_said_to_build_no_sql() -> None:
+    """A method of any built-in provider that neither table lists fails here by name, the day
+    it is written; an entry that names no method of any provider is stale."""
+    classes = [type(provider_for_name(name)) for name in BUILTIN_NAMES]
+    missing = {cls.__name__: unlisted(cls) for cls in classes if unlisted(cls)}
+    assert not missing, f"say how to call these in dbcluster.testing.suite.statements: {missing}"
+    known = set().union(*(provider_methods(cls) for cls in classes))
+    assert not (set(CALLS) | set(NOT_SQL)) - known, "entries for methods no provider has"
+    assert not set(CALLS) & set(NOT_SQL)
+
+
+@pytest.mark.parametrize(("name", "version"), DIALECTS, ids=DIALECT_IDS)
+def test_every_statement_compiles_on_every_dialect(
+    name: str, version: tuple[int, ...] | None
+) -> None:
+    """Every statement of every provider method, compiled by the database's own SQLAlchemy
+    dialect (Db2 through ibm_db_sa); a method that does not compile fails with its name."""
+    provider = provider_for_name(name, version)
+    rendered = render_all(provider)
+    assert set(rendered) == provider_methods(type(provider)) & set(CALLS)
     clock_sql = str(provider.select_now().compile(dialect=provider.dialect))
     assert CLOCKS[name] in clock_sql
     stale = select(nodes.c.node_id).where(provider.older_than(nodes.c.last_heartbeat, 250))
@@ -126,6 +98,43 @@ def test_every_statement_compiles(name: str) -> None:
     assert STALENESS[name] in stale_sql
     # The column stands alone on one side of the comparison, so an index on it can serve.
     assert "last_heartbeat <" in stale_sql.replace("batch_nodes.", "")
+
+
+def test_every_sql_method_gives_sql_on_some_database() -> None:
+    """A method every database answers None (or nothing) for is dead, or its table entry calls
+    it wrongly."""
+    given: dict[str, int] = dict.fromkeys(CALLS, 0)
+    for name, version in DIALECTS:
+        for method, found in render_all(provider_for_name(name, version)).items():
+            given[method] += len(found.sql)
+    assert not [method for method, count in given.items() if not count]
+
+
+def test_a_method_that_does_not_compile_fails_with_its_name() -> None:
+    """The test of the test: Db2 through ibm_db_sa's own compiler (without the provider's
+    mending), which cannot compile a locking read under SQLAlchemy 2, names exactly the methods
+    that send one."""
+    from ibm_db_sa.ibm_db import DB2Dialect_ibm_db
+
+    from dbcluster.dialects.db2 import Db2Provider
+
+    provider = provider_for_name("db2")
+    provider.dialect = Db2Provider.offline_dialect(DB2Dialect_ibm_db)
+    with pytest.raises(StatementError) as refused:
+        render_all(provider)
+    named = set(re.findall(r"db2: (\w+)\(\) does not compile", str(refused.value)))
+    assert named == {
+        "lock_node",
+        "lock_removing",
+        "lock_claimable",
+        "lock_pending_launches",
+        "locked",
+    }
+    assert "no attribute 'for_update'" in str(refused.value)
+
+
+#: A one-row source standing in for a statement's new row (what riders take values from).
+_NEW = NEW_ROW
 
 
 @pytest.mark.parametrize("name", BUILTIN_NAMES)
@@ -229,16 +238,49 @@ def test_every_session_gets_its_lock_and_idle_bounds(name: str) -> None:
     assert provider.session_statements(limits) == statements_
 
 
-def test_claims_skip_rows_another_claimer_holds_where_the_database_can() -> None:
-    skipping = set()
-    for name in BUILTIN_NAMES:
-        provider = provider_for_name(name)
-        lock = provider.lock_claimable(bindparam("b_ids", expanding=True))
-        sql = str(lock.compile(dialect=provider.dialect)).upper()
-        assert ("SKIP LOCKED" in sql) == provider.skip_locked(), (name, sql)
-        if provider.skip_locked():
-            skipping.add(name)
-    assert skipping == {"postgresql", "mysql", "mariadb", "oracle"}
+#: How each database says "pass over rows another transaction holds" in a claim's locking read.
+SKIP_CLAUSES = {
+    "postgresql": "FOR UPDATE SKIP LOCKED",
+    "mysql": "FOR UPDATE SKIP LOCKED",
+    "mariadb": "FOR UPDATE SKIP LOCKED",
+    "oracle": "FOR UPDATE SKIP LOCKED",
+    "mssql": "FROM batch_partitions WITH (UPDLOCK, READPAST, ROWLOCK)",
+    "db2": "FOR UPDATE SKIP LOCKED DATA",
+}
+#: The locking read of a node's row (a removal or a node leaving waits for what holds it).
+ROW_LOCKS = {
+    "postgresql": "FOR UPDATE",
+    "mysql": "FOR UPDATE",
+    "mariadb": "FOR UPDATE",
+    "oracle": "FOR UPDATE",
+    "mssql": "FROM batch_nodes WITH (UPDLOCK, ROWLOCK)",
+    "db2": "FOR UPDATE",
+}
+
+
+@pytest.mark.parametrize("name", BUILTIN_NAMES)
+def test_claims_skip_rows_another_claimer_holds_where_the_database_can(name: str) -> None:
+    """SQL Server (whose SQLAlchemy compiler drops ``with_for_update()`` without a word) takes
+    table hints; Db2 says ``SKIP LOCKED DATA``; every server database passes over the rows
+    another claimer holds. SQLite has one writer: the guarded claim decides."""
+    provider = provider_for_name(name)
+    ids = bindparam("b_ids", expanding=True)
+    claims = [provider.lock_claimable(ids), provider.lock_pending_launches(ids)]
+    removals = [provider.lock_node("n"), provider.lock_removing()]
+    claim_sql = [str(s.compile(dialect=provider.dialect)).replace("\n", " ") for s in claims]
+    lock_sql = [str(s.compile(dialect=provider.dialect)).replace("\n", " ") for s in removals]
+    if name == "sqlite":
+        assert not provider.skip_locked()
+        assert not any("UPDATE" in sql or "WITH (" in sql for sql in claim_sql + lock_sql)
+        return
+    assert provider.skip_locked()
+    clause = SKIP_CLAUSES[name].replace("batch_partitions", "{table}")
+    for sql, table in zip(claim_sql, ("batch_partitions", "batch_launch_requests"), strict=True):
+        assert clause.format(table=table) in sql, sql
+        assert sql.count("SKIP LOCKED") + sql.count("READPAST") == 1, sql
+    for sql in lock_sql:
+        assert ROW_LOCKS[name] in sql, sql
+        assert "SKIP" not in sql and "READPAST" not in sql, "a removal must wait, not skip"
 
 
 def test_only_postgresql_sends_wake_ups_and_its_notify_compiles() -> None:

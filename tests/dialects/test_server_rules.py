@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import update
+from sqlalchemy import select, update
 from sqlalchemy.schema import CreateTable
 from test_provider_compile import statements
 
@@ -255,3 +255,111 @@ def test_what_a_partitioned_step_aggregates_binds_no_untyped_result(name: str) -
     ):
         sql = str(stmt.compile(dialect=provider.dialect))
         assert not re.search(r"\b(THEN|ELSE)\s+(\?|:\w+|%\(\w+\)s|\$\d+|@\w+)", sql), sql
+
+
+# --- SQL Server: DATEADD's number is an int ------------------------------------------------------
+
+_INT_MAX = 2**31 - 1
+
+
+def _dateadd_numbers(provider: Any, stmt: Any) -> list[int]:
+    """The numbers every DATEADD of ``stmt`` gets, as SQL Server would receive them."""
+    sql = str(stmt.compile(dialect=provider.dialect, compile_kwargs={"literal_binds": True}))
+    numbers = [int(n) for n in re.findall(r"dateadd\(\w+, (-?\d+),", sql)]
+    assert numbers, sql
+    return numbers
+
+
+@pytest.mark.parametrize("days", [1, 24, 25, 30, 365, 3653])
+def test_sql_server_staleness_fits_dateadds_int(days: int) -> None:
+    """``older_than`` past ~24.8 days of milliseconds overflowed DATEADD's int (Msg 8115, a
+    permanent error): ``prune --older-than 30d`` failed on SQL Server."""
+    from dbcluster.testing.suite.statements import AGES_MS
+
+    provider = provider_for_name("mssql")
+    for ms in (*AGES_MS, days * 86_400_000, days * 86_400_000 + 1234):
+        stmt = select(schema.nodes.c.node_id).where(
+            provider.older_than(schema.nodes.c.last_heartbeat, ms)
+        )
+        numbers = _dateadd_numbers(provider, stmt)
+        assert all(-_INT_MAX <= n <= _INT_MAX for n in numbers), (ms, numbers)
+        sql = str(stmt.compile(dialect=provider.dialect, compile_kwargs={"literal_binds": True}))
+        # The shift is the whole age: days, then the milliseconds left over.
+        units = dict(re.findall(r"dateadd\((\w+), (-?\d+),", sql))
+        shift = -int(units.get("day", 0)) * 86_400_000 - int(units.get("millisecond", 0))
+        assert shift == ms, (ms, sql)
+
+
+def test_sql_server_prunes_what_prune_after_30d_asks_without_an_overflow() -> None:
+    """``DBCLUSTER_PRUNE_AFTER=30d`` (and ``prune --older-than 30d``): every statement the
+    pruning sends gets its age as whole days."""
+    from dbcluster.cluster.maintenance.pruner import PrunePolicy
+    from dbcluster.cluster.settings import ClusterSettings
+
+    age = ClusterSettings.from_env({"DBCLUSTER_PRUNE_AFTER": "30d"}).prune_after
+    assert age == 30 * 86_400_000
+    policy = PrunePolicy(older_than_ms=age)
+    provider = provider_for_name("mssql")
+    prunable = provider.select_prunable(policy.statuses, age, "COMPLETED", policy.keep_last)
+    for stmt in (
+        prunable,
+        provider.select_prunable(policy.statuses, age, "COMPLETED", 5),
+        provider.select_prunable_recheck(policy.statuses, age, "COMPLETED"),
+        *provider.count_prunable(prunable).values(),
+    ):
+        numbers = _dateadd_numbers(provider, stmt)
+        assert set(numbers) == {-30}, numbers  # a count's IN list repeats the condition
+
+
+# --- Db2: the version columns are the ones an unquoted VERSION names ------------------------------
+
+
+def test_db2_quotes_a_reserved_name_as_db2_folds_it() -> None:
+    """ibm_db_sa quoted ``version`` as written, ``"version"``: a column no unquoted ``SELECT
+    VERSION`` finds. The provider's dialect writes ``"VERSION"`` in the DDL and in every
+    statement; names that need no quotes stay as they are."""
+    provider = provider_for_name("db2")
+    ddl = provider.ddl_script()
+    assert '"version"' not in ddl and ddl.count('"VERSION" BIGINT NOT NULL') == 3
+    assert "CREATE TABLE batch_job_instance" in ddl and '"' not in ddl.replace('"VERSION"', "")
+    written = [str(s.compile(dialect=provider.dialect)) for s in statements(provider)]
+    assert not [sql for sql in written if '"version"' in sql]
+    step = update(schema.step_execution).values(version=schema.step_execution.c.version + 1)
+    assert 'SET "VERSION"=(batch_step_execution."VERSION" + ?)' in str(
+        step.compile(dialect=provider.dialect)
+    )
+
+
+def test_db2_migration_renames_the_lower_case_version_columns() -> None:
+    """0.1.0 created ``"version"`` on Db2; 0002 renames it ``"VERSION"`` (and only on Db2)."""
+    from dbcluster import migrations
+
+    db2 = migrations.upgrade_sql(provider_for_name("db2"))
+    for table in ("batch_job_instance", "batch_job_execution", "batch_step_execution"):
+        assert f'ALTER TABLE {table} RENAME COLUMN "version" TO "VERSION";' in db2
+    for name in BUILTIN_NAMES:
+        if name != "db2":
+            assert 'RENAME COLUMN "version"' not in migrations.upgrade_sql(provider_for_name(name))
+
+
+def test_db2_locking_reads_render_db2s_clauses_on_the_providers_dialects_only() -> None:
+    """Each with_for_update() form in Db2's words, on a dialect the provider serves; a dialect
+    made elsewhere in the process keeps ibm_db_sa's own compiler (no process-wide patch)."""
+    from ibm_db_sa.base import DB2Compiler
+    from ibm_db_sa.ibm_db import DB2Dialect_ibm_db
+
+    provider = provider_for_name("db2")
+    nodes = schema.nodes
+    read = select(nodes.c.node_id).where(nodes.c.node_id == "n")
+    forms = {
+        "FOR UPDATE": read.with_for_update(),
+        "FOR UPDATE SKIP LOCKED DATA": read.with_for_update(skip_locked=True),
+        "FOR UPDATE NOWAIT": read.with_for_update(nowait=True),
+        "FOR UPDATE OF node_id": read.with_for_update(of=nodes.c.node_id),
+        "WITH RS USE AND KEEP SHARE LOCKS SKIP LOCKED DATA": read.with_for_update(
+            read=True, skip_locked=True
+        ),
+    }
+    for clause, stmt in forms.items():
+        assert str(stmt.compile(dialect=provider.dialect)).endswith(f"= ? {clause}"), clause
+    assert DB2Dialect_ibm_db().statement_compiler is DB2Compiler

@@ -84,6 +84,20 @@ def test_oracle_thin_listener_refusal_and_connect_failure() -> None:
     assert _transient("oracle", cannot_connect)
 
 
+def test_oracle_a_round_trip_cut_by_the_call_timeout_is_transient() -> None:
+    """DPY-4024 (thin) and DPI-1067 with ORA-03156 (thick, which the driver reports as DPY-4024
+    too), built by python-oracledb's own error code."""
+    from oracledb import errors
+
+    thin = errors._create_exception(errors.ERR_CALL_TIMEOUT_EXCEEDED, timeout=11000)
+    assert str(thin).startswith("DPY-4024: call timeout of 11000 ms exceeded")
+    thick_error = errors._Error("DPI-1067: call timeout of 11000 ms exceeded with ORA-3156")
+    thick = thick_error.exc_type(thick_error)
+    assert thick_error.full_code == "DPY-4024"
+    for error in (thin, thick):
+        assert _transient("oracle", error)
+
+
 def test_oracle_permanent_errors_are_not_transient() -> None:
     assert not _transient("oracle", _ora(1, "unique constraint (DBC.PK) violated"))
     assert not _transient("oracle", _ora(12899, 'value too large for column "EXIT_MESSAGE"'))
@@ -161,6 +175,41 @@ def _pyodbc_error(class_name: str, sqlstate: str, message: str) -> BaseException
 def test_pyodbc_errors(sqlstate: str, message: str, transient: bool) -> None:
     error = _pyodbc_error("OperationalError", sqlstate, message)
     assert _transient("mssql", error) is transient
+
+
+@pytest.mark.parametrize(
+    ("class_name", "sqlstate", "message"),
+    [
+        # The key value is 20003, one of DB-Library's transient numbers: it is not the error's.
+        ("IntegrityError", "23000", "[23000] [Microsoft][ODBC Driver 18 for SQL Server][SQL "
+         "Server]Violation of PRIMARY KEY constraint 'PK__batch_jo__3214EC07'. Cannot insert "
+         "duplicate key in object 'dbo.batch_job_execution'. The duplicate key value is "
+         "(20003). (2627) (SQLExecDirectW)"),
+        ("IntegrityError", "23000", "[23000] [Microsoft][ODBC Driver 18 for SQL Server][SQL "
+         "Server]Cannot insert duplicate key row in object 'dbo.batch_job_instance' with unique "
+         "index 'uq_job_inst_name_key'. The duplicate key value is (nightly, 1205). (2601) "
+         "(SQLExecDirectW)"),
+        ("ProgrammingError", "42000", "[42000] [Microsoft][ODBC Driver 18 for SQL Server][SQL "
+         "Server]The conversion of the varchar value '(40613)' overflowed an int column. (248) "
+         "(SQLExecDirectW)"),
+    ],
+)  # fmt: skip
+def test_pyodbc_a_number_in_the_message_is_not_the_errors_number(
+    class_name: str, sqlstate: str, message: str
+) -> None:
+    """Only the native number pyodbc puts before the ODBC function's name counts."""
+    assert not _transient("mssql", _pyodbc_error(class_name, sqlstate, message))
+
+
+def test_pyodbc_each_diagnostic_record_keeps_its_own_number() -> None:
+    """pyodbc joins several diagnostic records with "; ": a deadlock reported second counts."""
+    message = (
+        "[01000] [Microsoft][ODBC Driver 18 for SQL Server][SQL Server]Changed database context "
+        "to 'dbc'. (5701) (SQLExecDirectW); [40001] [Microsoft][ODBC Driver 18 for SQL Server]"
+        "[SQL Server]Transaction (Process ID 61) was deadlocked on lock resources with another "
+        "process and has been chosen as the deadlock victim. Rerun the transaction. (1205)"
+    )
+    assert _transient("mssql", _pyodbc_error("Error", "01000", message + " (SQLExecute)"))
 
 
 # --- MySQL and MariaDB (PyMySQL, MariaDB Connector/Python) ----------------------------------------
@@ -298,3 +347,70 @@ def test_a_write_refused_by_a_read_only_server_is_told_apart() -> None:
     assert not _read_only("sqlite", sqlite3.OperationalError("no such column: x"))
     for name in ("oracle", "mssql", "db2"):
         assert not _read_only(name, RuntimeError("not classified for this database"))
+
+
+def test_oracle_a_standby_open_read_only_is_told_apart() -> None:
+    """ORA-16000, what the old primary answers a write once a Data Guard switchover made it a
+    standby, through the thin driver (its code) and as text (a wrapped message)."""
+    from oracledb import errors
+
+    assert _read_only(
+        "oracle", _ora(16000, "database or pluggable database open for read-only access")
+    )
+    wrapped = errors._Error("ORA-16000: database or pluggable database open for read-only access")
+    assert _read_only("oracle", wrapped.exc_type(wrapped))
+    assert not _read_only("oracle", _ora(1, "unique constraint (DBC.PK) violated"))
+    assert not _read_only("oracle", _ora(60, "deadlock detected while waiting for resource"))
+
+
+def test_sql_server_a_read_only_database_is_told_apart() -> None:
+    """3906: an availability group's secondary (or a database set READ_ONLY) refuses a write,
+    through pyodbc and pymssql; a number in the message is not the error's."""
+    import pymssql
+
+    text = 'Failed to update database "dbc" because the database is read-only.'
+    pyodbc_error = _pyodbc_error(
+        "ProgrammingError",
+        "25000",
+        f"[25000] [Microsoft][ODBC Driver 18 for SQL Server][SQL Server]{text} (3906) "
+        "(SQLExecDirectW)",
+    )
+    assert _read_only("mssql", pyodbc_error)
+    assert _read_only(
+        "mssql",
+        pymssql.exceptions.OperationalError(
+            3906,
+            text.encode() + b"DB-Lib error message 20018, severity 16:\nGeneral SQL Server "
+            b"error: Check messages from the SQL Server\n",
+        ),
+    )
+    duplicate = _pyodbc_error(
+        "IntegrityError",
+        "23000",
+        "[23000] [Microsoft][ODBC Driver 18 for SQL Server][SQL Server]Violation of PRIMARY "
+        "KEY constraint 'PK'. The duplicate key value is (3906). (2627) (SQLExecDirectW)",
+    )
+    assert not _read_only("mssql", duplicate)
+
+
+def test_db2_an_hadr_standby_is_told_apart() -> None:
+    """SQL1773N: a read-enabled HADR standby refuses a write (reason 5) and any isolation above
+    UR (reason 1), as the old primary does once a takeover made it the standby (IBM, "Reads on
+    standby restrictions"); through ibm_db's own exception classes."""
+    import ibm_db_dbi
+
+    for reason in (5, 1):
+        message = (
+            "[IBM][CLI Driver][DB2/LINUXX8664] SQL1773N  The statement or command requires "
+            "functionality that is not supported on a read-enabled HADR standby database. "
+            f'Reason code = "{reason}".  SQLSTATE=08004 SQLCODE=-1773'
+        )
+        assert _read_only("db2", ibm_db_dbi.ProgrammingError(message))
+    assert _read_only("db2", ibm_db_dbi.Error("SQL1773N  ... read-enabled HADR standby"))
+    assert not _read_only(
+        "db2",
+        ibm_db_dbi.IntegrityError(
+            "[IBM][CLI Driver][DB2/LINUXX8664] SQL0803N  One or more values in the INSERT "
+            "statement ... SQLSTATE=23505 SQLCODE=-803"
+        ),
+    )

@@ -17,8 +17,11 @@ Every difference between the 0.1.0 schema and 0.2.0's:
   ``ix_launch_status``) and ``batch_schedule_fires``.
 - text columns: MySQL and MariaDB ``COLLATE utf8mb4_bin``; SQL Server ``NVARCHAR ... COLLATE
   Latin1_General_100_BIN2``; flags on Oracle ``SMALLINT`` (0.1.0's ``BOOLEAN`` loaded on 23ai
-  only); serialized contexts on Db2 ``CLOB(1G)`` (a bare ``CLOB`` holds 1 MB). PostgreSQL and
-  SQLite render these types as 0.1.0 did: nothing changes there.
+  only); serialized contexts on Db2 ``CLOB(1G)`` (a bare ``CLOB`` holds 1 MB; the two tables
+  are reorganized once the revision has committed). PostgreSQL and SQLite render these types as
+  0.1.0 did: nothing changes there.
+- Db2: the ``version`` columns, which 0.1.0 quoted in lower case (``"version"``, a column no
+  unquoted ``VERSION`` finds), are renamed ``"VERSION"``.
 
 The additions are frozen here (their own MetaData); the retyped columns take their types from
 ``schema.py``, which declares the types these columns have had since 0.2.0.
@@ -44,7 +47,7 @@ from sqlalchemy import (
 )
 
 from dbcluster import schema
-from dbcluster.migrations.baseline import baseline
+from dbcluster.migrations.baseline import TABLES_0_1_0, baseline
 from dbcluster.migrations.ops import Operations
 from dbcluster.schema import (
     EXIT_LENGTH,
@@ -183,6 +186,8 @@ _RETYPED: dict[str, list[str]] = {
 def upgrade(op: Operations) -> None:
     old = baseline(op.provider.name)
     tables = {t.name: t for t in schema.ALL_TABLES}
+    for name in TABLES_0_1_0:
+        op.respell_columns(tables[name], old)
     for table, columns in _RETYPED.items():
         op.retype_columns(tables[table], columns, old)
 

@@ -1,8 +1,10 @@
 """The dbcluster conformance suite: ``pytest --pyargs dbcluster.testing.suite --dbcluster-url URL``.
 
 ``test_provider`` proves the query provider contract (clock, staleness, registration, guarded
-transitions, DDL); ``test_cluster`` proves the cluster invariants with several nodes in one process;
-``test_processes`` proves them with real node processes and real faults (a short chaos run).
+transitions, DDL); ``test_statements`` compiles every statement of the contract, enumerated by
+introspection (``statements``), with the dialect of the database under test; ``test_cluster``
+proves the cluster invariants with several nodes in one process; ``test_processes`` proves them
+with real node processes and real faults (a short chaos run).
 A project that runs the suite over its own backend matrix imports these modules' tests
 (``from dbcluster.testing.suite.test_provider import *``) and overrides the ``dbc_backend`` fixture.
 """

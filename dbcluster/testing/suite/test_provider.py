@@ -822,6 +822,10 @@ def test_concurrent_stranded_master_claims_exactly_one_wins(dbc_backend: Any) ->
 
 
 def test_ddl_covers_every_table_and_init_is_idempotent(dbc_backend: Any) -> None:
+    """``dbcluster init`` from several processes at once: the provider's DDL, then the version
+    row in a transaction of its own (no DML shares a transaction with DDL)."""
+    from dbcluster import migrations
+
     engine, provider = dbc_backend.engine, _provider(dbc_backend)
     script = provider.ddl_script().lower()
     for table in schema.ALL_TABLES:
@@ -831,7 +835,8 @@ def test_ddl_covers_every_table_and_init_is_idempotent(dbc_backend: Any) -> None
 
     def init() -> None:
         try:
-            provider.create_tables(engine)
+            provider.create_schema(engine)
+            migrations.record_if_unrecorded(engine)
         except Exception as exc:  # noqa: BLE001
             errors.append(exc)
 
@@ -844,6 +849,9 @@ def test_ddl_covers_every_table_and_init_is_idempotent(dbc_backend: Any) -> None
     names = set(inspect(engine).get_table_names())
     assert {t.name for t in schema.ALL_TABLES} <= names
     assert provider.create_tables(engine) == []
+    with engine.connect() as conn:
+        recorded = conn.execute(select(schema.schema_version.c.version_num)).scalars().all()
+    assert recorded == [schema.SCHEMA_VERSION], "init did not record the schema's version once"
 
 
 # --- transient errors -----------------------------------------------------------------------------
