@@ -25,7 +25,7 @@ from rich.progress import (
 from rich.table import Table
 from sqlalchemy import Engine
 
-from dbcluster.monitor import ClusterStatus, JobDetail, JobRow, partition_progress
+from dbcluster.monitor import ClusterStatus, JobDetail, JobRow, partition_progress, utc_iso
 
 _UUID_TAIL = re.compile(r"^(?P<head>.+)-(?P<uuid>[0-9a-f]{32})$")
 
@@ -220,7 +220,7 @@ def summary_json(detail: JobDetail) -> dict[str, Any]:
                 "node": m.node,
                 "epoch": m.epoch,
                 "reason": m.reason,
-                "since": m.since.isoformat() if m.since else None,
+                "since": utc_iso(m.since) if m.since else None,
             }
             for m in detail.masters
         ],
