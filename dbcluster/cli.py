@@ -620,6 +620,7 @@ def _run_as_master(
 
     from dbcluster.batch.status import BatchStatus
     from dbcluster.cluster import Cluster
+    from dbcluster.masking import mask_secrets
     from dbcluster.monitor import job_detail
     from dbcluster.views import LaunchProgress, summary_json, summary_lines
 
@@ -648,7 +649,7 @@ def _run_as_master(
         "job": execution.job_name,
         "status": execution.status.value,
         "exit_code": execution.exit_status.code,
-        "exit_message": detail.exit_message or "",
+        "exit_message": mask_secrets(detail.exit_message or ""),
         "elapsed_s": round(elapsed, 3),
         **summary_json(detail),
     }
@@ -751,9 +752,10 @@ def _print(renderables: list[Any]) -> None:
 def _echo_json(value: Any) -> None:
     import json
 
+    from dbcluster.masking import masked
     from dbcluster.monitor import jsonable
 
-    click.echo(json.dumps(jsonable(value)))
+    click.echo(json.dumps(masked(jsonable(value))))
 
 
 @cli.command()

@@ -101,5 +101,12 @@ class SecretsFilter(logging.Filter):
 
 
 def masked(value: Any) -> Any:
-    """``value`` with :func:`mask_secrets` applied when it is text (for templates)."""
-    return mask_secrets(value) if isinstance(value, str) else value
+    """``value`` with :func:`mask_secrets` applied to its text: a string, or every string in
+    a JSON-like structure of dicts and lists (templates, JSON outputs)."""
+    if isinstance(value, str):
+        return mask_secrets(value)
+    if isinstance(value, dict):
+        return {k: masked(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [masked(v) for v in value]
+    return value

@@ -43,9 +43,10 @@ def open_checked_engine(url: str) -> Engine:
 
 
 def _json(value: Any) -> None:
+    from dbcluster.masking import masked
     from dbcluster.monitor import jsonable
 
-    click.echo(json.dumps(jsonable(value), indent=2))
+    click.echo(json.dumps(masked(jsonable(value)), indent=2))
 
 
 @click.command(context_settings={"ignore_unknown_options": True})
@@ -133,6 +134,7 @@ def _wait(
     launches: Any, engine: Any, request_id: int, job: str, timeout: float, as_json: bool
 ) -> int:
     from dbcluster.batch import JobRepository
+    from dbcluster.masking import mask_secrets
     from dbcluster.views import fmt_age
 
     began = time.monotonic()
@@ -144,7 +146,8 @@ def _wait(
             if as_json:
                 _json({"request_id": request_id, "status": "FAILED", "error": row.error_message})
             else:
-                click.echo(f"launch request {request_id} FAILED: {row.error_message}", err=True)
+                reason = mask_secrets(row.error_message or "")
+                click.echo(f"launch request {request_id} FAILED: {reason}", err=True)
             return EXIT_FAILED
         execution = None
         if row is not None and row.status == "LAUNCHED":

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import logging
+from pathlib import Path
 
 import pytest
 from cli_helpers import run_cli
@@ -133,3 +134,43 @@ def test_the_commands_never_print_the_password(url: str, shown: str) -> None:
         assert "Traceback" not in output and len(proc.stderr.strip().splitlines()) == 1, output
         if command == ["status"]:
             assert shown in output, output
+
+
+def test_job_views_show_no_password(tmp_path: Path) -> None:
+    from sqlalchemy import update
+
+    from dbcluster.batch.parameters import as_job_parameters
+    from dbcluster.batch.repository import JobRepository
+    from dbcluster.batch.status import BatchStatus
+    from dbcluster.dialects import make_engine
+    from dbcluster.schema import job_execution
+
+    url = f"sqlite:///{tmp_path / 'jobs.db'}"
+    assert run_cli("init", "--url", url).returncode == 0
+    engine = make_engine(url)
+    try:
+        repository = JobRepository(engine)
+        params = as_job_parameters({"source": "postgresql://etl:s3cret@db/sales"})
+        execution = repository.create_job_execution(
+            repository.create_job_instance("export", params), params
+        )
+        execution.status = BatchStatus.FAILED
+        repository.update_job_execution(execution)
+        with engine.begin() as conn:
+            conn.execute(
+                update(job_execution)
+                .where(job_execution.c.job_execution_id == execution.id)
+                .values(exit_message="cannot connect: host=db password=s3cret")
+            )
+    finally:
+        engine.dispose()
+    for args in (
+        ["job", str(execution.id)],
+        ["job", str(execution.id), "--json"],
+        ["jobs", "--json"],
+    ):
+        proc = run_cli(*args, "--url", url)
+        assert proc.returncode == 0, proc.stderr
+        assert SECRET not in proc.stdout, proc.stdout
+        if args[0] == "job":  # it shows the parameters and the exit message
+            assert "etl:***@db/sales" in proc.stdout and "password=***" in proc.stdout
