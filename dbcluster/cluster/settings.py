@@ -57,19 +57,22 @@ def parse_duration(text: str, *, bare: str = "ms", what: str = "duration") -> in
 _UNIT_NAMES = {"ms": "milliseconds", "s": "seconds"}
 
 
+_AGE = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d|w)\s*$", re.IGNORECASE)
+
+
 def parse_age(text: str) -> int:
     """Milliseconds of an age like ``30d``, ``12h``, ``90m``, ``45s`` (or ``w``, ``ms``): a
-    duration whose unit must be given (an age decides what is deleted: a bare ``30`` is more
-    likely days than milliseconds, so it is refused). A negative, unit-less or malformed one is
-    a :class:`ConfigurationError`."""
+    whole number whose unit must be given (an age decides what is deleted: a bare ``30`` is
+    more likely days than milliseconds, so it is refused). A negative, unit-less or malformed
+    one is a :class:`ConfigurationError`."""
     if (text or "").strip().startswith("-"):
         raise ConfigurationError(f"invalid age {text!r}: an age must not be negative")
-    found = _DURATION.match(text or "")
-    if found is None or found.group(2) is None:
+    found = _AGE.match(text or "")
+    if found is None:
         raise ConfigurationError(
-            f"invalid age {text!r}: use a number and a unit, e.g. 30d, 12h, 90m, 45s"
+            f"invalid age {text!r}: use a whole number and a unit, e.g. 30d, 12h, 90m, 45s"
         )
-    return parse_duration(text, what="age")
+    return int(found.group(1)) * _UNIT_MS[found.group(2).lower()]
 
 
 def _host_name() -> str:
