@@ -82,7 +82,7 @@ def submit(
     params: tuple[str, ...],
     next_run: bool,
     wait: bool,
-    timeout: float | None,
+    timeout: float,
     as_json: bool,
 ) -> None:
     """Ask the cluster to run JOB: write a launch request that a node started with
