@@ -142,8 +142,8 @@ run() {
         # Only this backend: the others are skipped with their reason, never started from here.
         env DBCLUSTER_TEST_CONTAINERS=0 "$ENV=$URL" "$VENV/bin/python" -m pytest -q || rc=1
         log "$name: the shipped conformance suite"
-        "$VENV/bin/python" -m pytest -q -p no:cacheprovider --pyargs dbcluster.testing.suite \
-            --dbcluster-url "$URL" || rc=1
+        "$VENV/bin/python" -m pytest -q -p no:cacheprovider -p dbcluster.testing.plugin \
+            --pyargs dbcluster.testing.suite --dbcluster-url "$URL" || rc=1
         log "$name: a short chaos run"
         "$VENV/bin/dbcluster" chaos --url "$URL" --nodes 3 --jobs 2 --faults 4 --seed 7 || rc=1
     fi

@@ -1,7 +1,8 @@
-"""The ``dbcluster`` command.
+"""The ``dbcluster`` command (docs/cli.md).
 
 Errors a user can cause are :class:`~dbcluster.errors.DbclusterError`s: printed as one line on
-stderr, exit status 2, no traceback.
+stderr, exit status 2, no traceback; a database that cannot be reached exits 3
+(:mod:`dbcluster.cli_options` names the statuses).
 """
 
 from __future__ import annotations
@@ -9,13 +10,29 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import click
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
-from dbcluster.errors import ConfigurationError, DatabaseUnreachableError, DbclusterError
+from dbcluster.cli_options import (
+    DURATION_S,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    chosen_level,
+    log_options,
+)
+from dbcluster.errors import (
+    ConfigurationError,
+    DatabaseUnreachableError,
+    DbclusterError,
+    unreachable,
+)
 
 URL_HELP = "SQLAlchemy database URL (or set DBCLUSTER_URL)."
 
@@ -36,16 +53,15 @@ def url_option(required: bool = True) -> Callable[[Any], Any]:
 
 def open_engine(url: str) -> Engine:
     """An engine for a user-given URL, connected once so that a bad host fails here, clearly."""
-    from dbcluster.dialects import make_engine, safe_url
+    from dbcluster.dialects import make_engine
 
     engine = make_engine(url)
     try:
         with engine.connect():
             pass
     except DBAPIError as exc:
-        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
         engine.dispose()
-        raise DatabaseUnreachableError(f"cannot connect to {safe_url(url)}: {reason}") from exc
+        raise unreachable(url, exc) from exc
     return engine
 
 
@@ -130,13 +146,22 @@ def init(url: str) -> None:
 APP_HELP = "The application: module:attribute of a JobRegistry (or set DBCLUSTER_APP)."
 
 
-def _setup_logging(verbose: bool) -> None:
+def _setup_logging(level: str, log_format: str) -> None:
+    from dbcluster import logs
+
+    logs.configure(level, log_format)
+
+
+def _announce(message: str, log_format: str, *, warning: bool = False) -> None:
+    """A line always shown on stderr, in the command's log format (see logs.announce)."""
     import logging
 
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
+    from dbcluster import logs
+
+    if warning and log_format == "json":
+        message = message.removeprefix("warning: ")
+    logs.announce(
+        message, log_format, level=logging.WARNING if warning else logging.INFO, logger="dbcluster"
     )
 
 
@@ -157,6 +182,7 @@ def _observe(
     metrics_port: int | None = None,
     health_port: int | None = None,
     host: str = "0.0.0.0",
+    log_format: str = "text",
 ) -> Callable[[], None]:
     """Attach what was asked for to the cluster's node before it starts (spans, metrics, probe
     endpoints); returns what detaches it all. A missing extra or a port in use is the user's
@@ -192,7 +218,7 @@ def _observe(
                 stop()
             raise ConfigurationError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
         stops.append(server.stop)
-        click.echo(f"serving {', '.join(sorted(served))} on http://{host}:{server.port}", err=True)
+        _announce(f"serving {', '.join(sorted(served))} on http://{host}:{server.port}", log_format)
 
     def stop_all() -> None:
         for stop in reversed(stops):
@@ -248,7 +274,7 @@ def _settings(
     "the cluster at a time (or set DBCLUSTER_PRUNE_AFTER).",
 )
 @otel_option()
-@click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
+@log_options()
 def worker(
     url: str,
     app: str,
@@ -260,6 +286,8 @@ def worker(
     accept_launches: bool,
     prune_after: str | None,
     otel: bool,
+    log_level: str | None,
+    log_format: str,
     verbose: bool,
 ) -> None:
     """Run a node until SIGTERM or SIGINT, then stop gracefully (a second signal: stop now)."""
@@ -269,7 +297,7 @@ def worker(
     from dbcluster.batch import load_registry
     from dbcluster.cluster import Cluster
 
-    _setup_logging(verbose)
+    _setup_logging(chosen_level(log_level, verbose), log_format)
     registry = load_registry(app)
     settings = _settings(concurrency, node_prefix, prune_after)
     engine = open_checked_engine(url)
@@ -280,9 +308,9 @@ def worker(
     def on_signal(signum: int, _frame: Any) -> None:
         signals.append(signum)
         if len(signals) > 1:
-            click.echo("second signal: stopping now", err=True)
+            _announce("second signal: stopping now", log_format)
             sys.stdout.flush()
-            os._exit(130)
+            os._exit(EXIT_INTERRUPTED)
         stop.set()
 
     signal.signal(signal.SIGTERM, on_signal)
@@ -293,9 +321,10 @@ def worker(
         metrics_port=metrics_port,
         health_port=health_port,
         host=endpoints_host,
+        log_format=log_format,
     )
     cluster.start()
-    click.echo(f"node {cluster.node.node_id} running; SIGTERM or Ctrl-C to stop", err=True)
+    _announce(f"node {cluster.node.node_id} running; SIGTERM or Ctrl-C to stop", log_format)
     while not stop.wait(0.5):
         pass
     cluster.stop()
@@ -323,7 +352,7 @@ def worker(
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress display, only warnings.")
 @otel_option()
-@click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
+@log_options()
 @click.option(
     "--next",
     "next_run",
@@ -351,6 +380,8 @@ def launch(
     as_json: bool,
     quiet: bool,
     otel: bool,
+    log_level: str | None,
+    log_format: str,
     verbose: bool,
     on_interrupt: str | None,
     detached_child: bool,
@@ -361,7 +392,9 @@ def launch(
     incrementer=RunIdIncrementer() gets run.id one higher than its last run), PARAMS on top.
 
     Shows a progress bar of partitions done / total (per node) on stderr while it waits, then a
-    summary. Exit status 0 when the job COMPLETED, 1 when it FAILED, 2 for usage errors.
+    summary (not with --log-format json: stderr then holds only JSON lines). Exit status 0 when
+    the job COMPLETED, 1 when it did not, 2 for usage errors, 3 when the database is
+    unavailable.
     Parameters look like run.date(date)=2026-11-30 or count(int)=5; a leading '-' marks one
     non-identifying, e.g. -attempt(int)=2.
 
@@ -385,7 +418,8 @@ def launch(
         raise
     if detach and not detached_child:
         engine.dispose()
-        _detach(url, app, job, params, no_work, concurrency, log_file, as_json, verbose, otel)
+        choice = _LogChoice(log_level, log_format, verbose)
+        _detach(url, app, job, params, no_work, concurrency, log_file, as_json, choice, otel)
         return
 
     def start(cluster: Any) -> Any:
@@ -408,7 +442,7 @@ def launch(
             concurrency,
             as_json,
             quiet,
-            verbose,
+            _LogChoice(log_level, log_format, verbose),
             summary_to_stderr=detached_child,
             otel=otel,
         )
@@ -419,7 +453,7 @@ def launch(
             f"takes it over; watch it with `dbcluster job {detached.execution_id}`)",
             err=True,
         )
-        sys.exit(130)
+        sys.exit(EXIT_INTERRUPTED)
 
 
 def open_checked_engine(url: str) -> Engine:
@@ -467,7 +501,7 @@ def _detach(
     concurrency: int | None,
     log_file: str | None,
     as_json: bool,
-    verbose: bool,
+    log_choice: _LogChoice,
     otel: bool = False,
 ) -> None:
     import json
@@ -485,7 +519,9 @@ def _detach(
     args = [sys.executable, "-m", "dbcluster.cli", "launch", "--app", app, "--detached-child"]
     args += ["--no-work"] if no_work else []
     args += ["--concurrency", str(concurrency)] if concurrency else []
-    args += ["-v"] if verbose else []
+    args += ["-v"] if log_choice.verbose else []
+    args += ["--log-level", log_choice.level] if log_choice.level else []
+    args += ["--log-format", log_choice.format]
     args += ["--otel"] if otel else []
     args += ["--", job, *params]
     # The URL travels in the environment, never on a command line other users can read.
@@ -515,7 +551,7 @@ def _detach(
         reason = tail[-1] if tail else f"exit status {code}"
         click.echo(f"the background master did not start the job: {reason}", err=True)
         click.echo(f"(log: {log_path})", err=True)
-        sys.exit(2 if code in (0, 2) else 1)
+        sys.exit(code if code in (EXIT_USAGE, EXIT_UNAVAILABLE) else EXIT_USAGE if code == 0 else 1)
     child.stdout.close()
     outcome = {
         "job_execution_id": execution_id,
@@ -534,23 +570,37 @@ def _detach(
         click.echo(f"  watch it: dbcluster job {execution_id}")
 
 
-def _master_logging(verbose: bool, quiet: bool, console: Any) -> None:
+@dataclass(frozen=True)
+class _LogChoice:
+    """A command's log options: ``--log-level`` as given (None: the command's default),
+    ``--log-format``, ``-v``."""
+
+    level: str | None
+    format: str
+    verbose: bool
+
+
+def _master_logging(choice: _LogChoice, quiet: bool, console: Any) -> None:
     """Warnings, and the master's own INFO lines (placement, reassignment), above the progress
-    bar on a terminal; plain lines on stderr otherwise."""
+    bar on a terminal; plain lines on stderr otherwise; JSON lines with --log-format json. An
+    explicit --log-level applies to every logger."""
     import logging
 
-    if console.is_terminal:
+    from dbcluster import logs
+    from dbcluster.masking import SecretsFilter
+
+    if console.is_terminal and choice.format == "text":
         from rich.logging import RichHandler
 
         handler: logging.Handler = RichHandler(console=console, show_path=False)
         handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+        handler.addFilter(SecretsFilter())
     else:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler = logs.handler(choice.format)
     root = logging.getLogger()
     root.addHandler(handler)
-    root.setLevel(logging.DEBUG if verbose else logging.WARNING)
-    if not verbose and not quiet:
+    root.setLevel(chosen_level(choice.level, choice.verbose, default="warning").upper())
+    if choice.level is None and not choice.verbose and not quiet:
         for name in ("dbcluster.master", "dbcluster.cluster", "dbcluster.recovery"):
             logging.getLogger(name).setLevel(logging.INFO)
 
@@ -563,37 +613,41 @@ def _run_as_master(
     concurrency: int | None,
     as_json: bool,
     quiet: bool,
-    verbose: bool,
+    log_choice: _LogChoice,
     *,
     summary_to_stderr: bool = False,
     otel: bool = False,
 ) -> None:
     """Join as a node, run ``start(cluster)`` (which creates and runs a job execution) with a
     progress display, print the outcome and exit 0 (COMPLETED) or 1. A detached master prints
-    its summary to stderr (its log file): nobody reads its stdout."""
+    its summary to stderr (its log file): nobody reads its stdout. With JSON logs stderr holds
+    only log lines: no progress display, and a detached master's summary is logged."""
     import json
     import time
+    from contextlib import nullcontext
 
     from rich.console import Console
 
     from dbcluster.batch.status import BatchStatus
     from dbcluster.cluster import Cluster
+    from dbcluster.masking import mask_secrets
     from dbcluster.monitor import job_detail
     from dbcluster.views import LaunchProgress, summary_json, summary_lines
 
     err = Console(stderr=True, highlight=False)
-    _master_logging(verbose, quiet, err)
+    _master_logging(log_choice, quiet, err)
+    json_logs = log_choice.format == "json"
     # A launching process ends with its own job: it takes no other job over.
     cluster = Cluster(
         engine, registry, _settings(concurrency, None), work=not no_work, take_over=False
     )
     progress = LaunchProgress(engine, err)
-    if not quiet:
+    if not quiet and not json_logs:
         cluster.handler.progress = progress
-    detach = _observe(cluster, otel=otel)
+    detach = _observe(cluster, otel=otel, log_format=log_choice.format)
     began = time.monotonic()
     try:
-        with cluster, progress:
+        with cluster, nullcontext() if json_logs else progress:
             execution = start(cluster)
         elapsed = time.monotonic() - began
         detail = job_detail(engine, execution.id)
@@ -605,16 +659,20 @@ def _run_as_master(
         "job": execution.job_name,
         "status": execution.status.value,
         "exit_code": execution.exit_status.code,
-        "exit_message": detail.exit_message or "",
+        "exit_message": mask_secrets(detail.exit_message or ""),
         "elapsed_s": round(elapsed, 3),
         **summary_json(detail),
     }
-    if as_json:
+    if summary_to_stderr and json_logs:
+        import logging
+
+        logging.getLogger("dbcluster.cluster").info("%s", json.dumps(outcome))
+    elif as_json:
         click.echo(json.dumps(outcome), err=summary_to_stderr)
     else:
         for line in summary_lines(detail, elapsed):
             click.echo(line, err=summary_to_stderr)
-    sys.exit(0 if execution.status is BatchStatus.COMPLETED else 1)
+    sys.exit(EXIT_OK if execution.status is BatchStatus.COMPLETED else EXIT_FAILED)
 
 
 @cli.command()
@@ -626,7 +684,7 @@ def _run_as_master(
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress display, only warnings.")
 @otel_option()
-@click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
+@log_options()
 def restart(
     url: str,
     app: str,
@@ -636,6 +694,8 @@ def restart(
     as_json: bool,
     quiet: bool,
     otel: bool,
+    log_level: str | None,
+    log_format: str,
     verbose: bool,
 ) -> None:
     """Restart a FAILED, STOPPED or ABANDONED job execution, with this process as its master.
@@ -675,7 +735,7 @@ def restart(
         concurrency,
         as_json,
         quiet,
-        verbose,
+        _LogChoice(log_level, log_format, verbose),
         otel=otel,
     )
 
@@ -702,9 +762,10 @@ def _print(renderables: list[Any]) -> None:
 def _echo_json(value: Any) -> None:
     import json
 
+    from dbcluster.masking import masked
     from dbcluster.monitor import jsonable
 
-    click.echo(json.dumps(jsonable(value)))
+    click.echo(json.dumps(masked(jsonable(value))))
 
 
 @cli.command()
@@ -798,8 +859,15 @@ def _as_json(value: Any) -> dict[str, Any]:
 @click.option(
     "--token",
     envvar="DBCLUSTER_WEB_TOKEN",
-    help="Enable actions (restart) for whoever gives this token (better: set "
-    "DBCLUSTER_WEB_TOKEN). Without it the dashboard is read-only.",
+    help="Require this token to read the dashboard and to take actions (stop; restart with "
+    "--app): a login form sets a session cookie, or send 'Authorization: Bearer TOKEN' "
+    "(better: set DBCLUSTER_WEB_TOKEN). Without it the dashboard is read-only and public.",
+)
+@click.option(
+    "--public-read",
+    is_flag=True,
+    envvar="DBCLUSTER_WEB_PUBLIC_READ",
+    help="With --token: pages and /metrics are readable without the token; actions still need it.",
 )
 @click.option(
     "--app",
@@ -808,43 +876,55 @@ def _as_json(value: Any) -> dict[str, Any]:
 )
 @click.option(
     "--refresh",
-    type=click.FloatRange(min=0.5),
-    default=2.0,
+    type=DURATION_S,
+    default="2s",
     show_default=True,
-    help="Seconds between live updates of an open page.",
+    help="How often an open page updates itself (a bare number is seconds; at least 0.5s).",
 )
-@click.option("-v", "--verbose", is_flag=True, help="Log every request.")
+@log_options("Debug logging, every request logged (same as --log-level debug).")
 def web(
     url: str,
     host: str,
     port: int,
     token: str | None,
+    public_read: bool,
     app: str | None,
     refresh: float,
+    log_level: str | None,
+    log_format: str,
     verbose: bool,
 ) -> None:
     """Serve the dashboard: nodes, jobs, each job's partitions by node and their timeline, live;
-    /metrics with the cluster's gauges. Read-only unless started with a token."""
+    /metrics with the cluster's gauges. Without --token it is read-only and anyone who reaches
+    it reads it; with --token it asks for the token to read (unless --public-read) and to act."""
     import socket
 
     try:
         import uvicorn
 
         from dbcluster.web import create_app
-        from dbcluster.web.actions import Restarter
+        from dbcluster.web.actions import Restarter, Stopper
     except ImportError as missing:
         raise ConfigurationError(
             f"the dashboard needs its extra ({missing}): pip install 'dbcluster[web]'"
         ) from None
-    if token and not app:
-        raise click.UsageError("--token enables restarts, which need --app (or DBCLUSTER_APP)")
+    if refresh < 0.5:
+        raise click.BadParameter("must be at least 0.5s", param_hint="--refresh")
+    level = chosen_level(log_level, verbose, default="warning")
+    _setup_logging(level, log_format)
     if app and token:
         from dbcluster.batch import load_registry
 
         load_registry(app)  # a wrong --app fails here, not at the first restart
     engine = open_checked_engine(url)
-    restarter = Restarter(url, app) if token and app else None
-    application = create_app(engine, token=token, restarter=restarter, refresh_s=refresh)
+    application = create_app(
+        engine,
+        token=token,
+        public_read=public_read,
+        restarter=Restarter(url, app) if token and app else None,
+        stopper=Stopper(url) if token else None,
+        refresh_s=refresh,
+    )
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -853,15 +933,45 @@ def web(
         engine.dispose()
         raise ConfigurationError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
     bound = sock.getsockname()[1]
-    mode = "actions with the token" if token else "read-only"
-    click.echo(f"dashboard on http://{host}:{bound}/ ({mode})", err=True)
+    if not token and not _loopback(host):
+        _announce(
+            f"warning: the dashboard listens on {host} without --token: anyone who can reach "
+            "it reads job parameters, exit messages and database errors (set "
+            "DBCLUSTER_WEB_TOKEN, or listen on 127.0.0.1)",
+            log_format,
+            warning=True,
+        )
+    if not token:
+        mode = "read-only, no login"
+    elif public_read:
+        mode = "public read; actions need the token"
+    else:
+        mode = "the token is needed to read and to act"
+    if token and not app:
+        mode += "; restarts need --app"
+    _announce(f"dashboard on http://{host}:{bound}/ ({mode})", log_format)
     config = uvicorn.Config(
-        application, log_level="info" if verbose else "warning", access_log=verbose
+        application,
+        log_config=None,  # its records go to the root logger's handler, in --log-format
+        log_level=level,
+        access_log=level in ("debug", "info"),
     )
     try:
         uvicorn.Server(config).run(sockets=[sock])
     finally:
         engine.dispose()
+
+
+def _loopback(host: str) -> bool:
+    """Whether ``host`` is only reachable from this machine."""
+    import ipaddress
+
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 @cli.command()
@@ -908,21 +1018,69 @@ def _add_commands() -> None:
 _add_commands()
 
 
+def _unavailable(error: BaseException) -> bool:
+    """Whether a database error says the database is unavailable (no connection, a lost one,
+    a pool that could not get one), not that a statement was wrong."""
+    from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
+    from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+    if isinstance(error, DBAPIError) and error.connection_invalidated:
+        return True
+    return isinstance(error, (OperationalError, InterfaceError, DisconnectionError, PoolTimeout))
+
+
 def main(argv: list[str] | None = None) -> None:
+    """The ``dbcluster`` command: exit 0 done, 1 a job did not complete, 2 a usage or user
+    error, 3 the database is unavailable, 130 interrupted (one line on stderr, no traceback)."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from dbcluster.cluster.settings import warn_unknown_variables
+    from dbcluster.logs import json_requested
+    from dbcluster.masking import mask_secrets
+
+    args = sys.argv[1:] if argv is None else list(argv)
+    log_format = "json" if json_requested(args, os.environ) else "text"
+
+    def warn(line: str) -> None:
+        _announce(line, log_format, warning=True)
+
+    def fail(line: str, status: int) -> None:
+        if log_format == "json":
+            _announce_error(line)
+        else:
+            click.echo(f"error: {line}", err=True)
+        sys.exit(status)
+
+    warn_unknown_variables(os.environ, echo=warn)
     try:
-        cli.main(args=argv, prog_name="dbcluster", standalone_mode=False)
+        cli.main(args=args, prog_name="dbcluster", standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
-        sys.exit(130)
+        sys.exit(EXIT_INTERRUPTED)
     except click.ClickException as exc:
         exc.show()
-        sys.exit(2)
+        sys.exit(EXIT_USAGE)
+    except DatabaseUnreachableError as exc:
+        fail(str(exc), EXIT_UNAVAILABLE)
     except DbclusterError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+        fail(str(exc), EXIT_USAGE)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
-    sys.exit(0)
+    except SQLAlchemyError as exc:
+        if not _unavailable(exc):
+            raise
+        orig = getattr(exc, "orig", None) or exc
+        lines = str(orig).strip().splitlines() or [type(orig).__name__]
+        fail(f"the database is unavailable: {mask_secrets(lines[0])}", EXIT_UNAVAILABLE)
+    sys.exit(EXIT_OK)
+
+
+def _announce_error(line: str) -> None:
+    import logging
+
+    from dbcluster import logs
+
+    logs.announce(line, "json", level=logging.ERROR, logger="dbcluster")
 
 
 if __name__ == "__main__":

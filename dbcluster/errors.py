@@ -1,4 +1,5 @@
-"""The errors a user can cause. The CLI prints their message on one line and exits 2."""
+"""The errors a user can cause. The CLI prints their message on one line and exits 2 (3 for
+:class:`DatabaseUnreachableError`)."""
 
 from __future__ import annotations
 
@@ -29,3 +30,14 @@ class DatabaseUnreachableError(DbclusterError):
 
 class SchemaVersionError(DbclusterError):
     """The dbcluster tables are of another schema version than this dbcluster's."""
+
+
+def unreachable(url: object, error: BaseException) -> DatabaseUnreachableError:
+    """The one-line error for a database that did not answer: the URL and the driver's first
+    line, both without a password."""
+    from dbcluster.masking import mask_secrets, safe_url
+
+    orig = getattr(error, "orig", None)
+    lines = str(orig if orig is not None else error).strip().splitlines()
+    reason = mask_secrets(lines[0]) if lines else type(error).__name__
+    return DatabaseUnreachableError(f"cannot connect to {safe_url(url)}: {reason}")  # type: ignore[arg-type]

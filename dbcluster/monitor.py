@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from datetime import date, datetime
+from datetime import UTC, date, datetime
 from typing import Any
 
 from sqlalchemy import Engine, Select, func, inspect, select, union
@@ -57,15 +57,24 @@ def _age_ms(now: datetime | None, then: datetime | None) -> int | None:
     return max(0, round((now - then).total_seconds() * 1000))
 
 
+def utc_iso(value: datetime) -> str:
+    """ISO 8601 in UTC ending in ``Z``; a naive time is UTC (the database clock's)."""
+    if value.tzinfo is not None:
+        value = value.astimezone(UTC).replace(tzinfo=None)
+    return value.isoformat() + "Z"
+
+
 def jsonable(value: Any) -> Any:
-    """Dataclasses, datetimes and containers as JSON-ready values."""
+    """Dataclasses, datetimes (ISO 8601, UTC, ``Z``) and containers as JSON-ready values."""
     if hasattr(value, "__dataclass_fields__"):
         return jsonable(asdict(value))
     if isinstance(value, dict):
         return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [jsonable(v) for v in value]
-    if isinstance(value, (datetime, date)):
+    if isinstance(value, datetime):
+        return utc_iso(value)
+    if isinstance(value, date):
         return value.isoformat()
     return value
 

@@ -25,7 +25,8 @@ from rich.progress import (
 from rich.table import Table
 from sqlalchemy import Engine
 
-from dbcluster.monitor import ClusterStatus, JobDetail, JobRow, partition_progress
+from dbcluster.masking import mask_secrets
+from dbcluster.monitor import ClusterStatus, JobDetail, JobRow, partition_progress, utc_iso
 
 _UUID_TAIL = re.compile(r"^(?P<head>.+)-(?P<uuid>[0-9a-f]{32})$")
 
@@ -133,8 +134,8 @@ def job_renderables(detail: JobDetail) -> list[Any]:
     head.add_row("job", detail.job)
     head.add_row("status", f"{detail.status} (exit {detail.exit_code or '-'})")
     if detail.exit_message:
-        head.add_row("exit message", detail.exit_message)
-    head.add_row("parameters", " ".join(detail.parameters) or "-")
+        head.add_row("exit message", mask_secrets(detail.exit_message))
+    head.add_row("parameters", mask_secrets(" ".join(detail.parameters)) or "-")
     head.add_row("started", fmt_time(detail.start_time))
     head.add_row("ended", fmt_time(detail.end_time))
     head.add_row("duration", fmt_duration(detail.start_time, detail.end_time))
@@ -179,7 +180,7 @@ def summary_lines(detail: JobDetail, elapsed_s: float | None = None) -> list[str
     took = f" in {elapsed_s:.1f}s" if elapsed_s is not None else ""
     lines = [f"job {detail.job} execution {detail.job_execution_id}: {detail.status}{took}"]
     if detail.exit_message and detail.status != "COMPLETED":
-        lines.append(f"  reason: {detail.exit_message}")
+        lines.append(f"  reason: {mask_secrets(detail.exit_message)}")
     if len(detail.masters) > 1:
         lines.append(
             "  masters: "
@@ -220,7 +221,7 @@ def summary_json(detail: JobDetail) -> dict[str, Any]:
                 "node": m.node,
                 "epoch": m.epoch,
                 "reason": m.reason,
-                "since": m.since.isoformat() if m.since else None,
+                "since": utc_iso(m.since) if m.since else None,
             }
             for m in detail.masters
         ],

@@ -28,6 +28,9 @@ from dbcluster.testing.backends import (
     open_backend,
 )
 
+#: The conformance suite's plugin (options, fixtures, markers) is opt-in; these tests opt in.
+pytest_plugins = ["dbcluster.testing.plugin"]
+
 ROOT = Path(__file__).resolve().parent.parent
 MATRIX: list[BackendSpec] = load_matrix(ROOT / "ci" / "backends.toml")
 _opened: dict[str, Backend | BackendUnavailable] = {}

@@ -3,8 +3,11 @@ leading seconds field, evaluated in a time zone.
 
 Each field takes ``*`` (or ``?``), a value, a range ``a-b``, a step ``*/n``, ``a-b/n`` or
 ``a/n``, and comma-separated lists of those; months and days of the week also take their
-three-letter English names (``jan``, ``mon``), and Sunday is 0 or 7. As in Vixie cron, when both
-day-of-month and day-of-week are restricted a day matching either fires. ``@yearly``
+three-letter English names (``jan``, ``mon``), and Sunday is 0 or 7. Day of month and day of
+week combine as in cronie (and Debian's cron, and cronsim): when either field starts with ``*``
+(or ``?``) a day must match both, so ``0 0 */2 * mon`` fires on Mondays that fall on an odd day
+of the month; when neither does, a day matching either fires (``0 0 1,15 * mon``: the 1st, the
+15th and every Monday). ``@yearly``
 (``@annually``), ``@monthly``, ``@weekly``, ``@daily`` (``@midnight``) and ``@hourly`` are
 shorthands.
 
@@ -102,7 +105,8 @@ class Cron:
     days: frozenset[int]
     months: frozenset[int]
     weekdays: frozenset[int]
-    #: Whether the day-of-month and day-of-week fields are ``*`` (unrestricted).
+    #: Whether the day-of-month and day-of-week fields start with ``*`` (or ``?``): cronie's
+    #: DOM_STAR and DOW_STAR, which make a day match both fields instead of either.
     any_day: bool
     any_weekday: bool
 
@@ -130,8 +134,8 @@ class Cron:
             frozenset(sets[3]),
             frozenset(sets[4]),
             weekdays,
-            any_day=parts[3] in ("*", "?"),
-            any_weekday=parts[5] in ("*", "?"),
+            any_day=parts[3].startswith(("*", "?")),
+            any_weekday=parts[5].startswith(("*", "?")),
         )
         if next(cron._walk(datetime(2000, 1, 1), forward=True), None) is None:
             raise CronError(f"cron expression {expression!r} never fires (no such day)")

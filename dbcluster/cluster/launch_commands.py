@@ -13,18 +13,21 @@ import click
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
-from dbcluster.errors import DatabaseUnreachableError
+from dbcluster.cli_options import DURATION_S, EXIT_FAILED, EXIT_OK
+from dbcluster.errors import unreachable
 
 URL_HELP = "SQLAlchemy database URL (or set DBCLUSTER_URL)."
 APP_HELP = "The application: module:attribute of a JobRegistry (or set DBCLUSTER_APP)."
 
 #: Request statuses after which ``submit --wait`` follows the execution.
 _ENDED = ("LAUNCHED", "FAILED")
+#: How long ``submit --wait`` waits for a node to claim the request before it says that none has.
+UNCLAIMED_HINT_S = 30.0
 
 
 def open_checked_engine(url: str) -> Engine:
     """An engine for a user-given URL: a bad host or missing tables fail here, in one line."""
-    from dbcluster.dialects import make_engine, safe_url
+    from dbcluster.dialects import make_engine
     from dbcluster.monitor import require_schema
 
     engine = make_engine(url)
@@ -32,8 +35,7 @@ def open_checked_engine(url: str) -> Engine:
         require_schema(engine)
     except DBAPIError as exc:
         engine.dispose()
-        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
-        raise DatabaseUnreachableError(f"cannot connect to {safe_url(url)}: {reason}") from exc
+        raise unreachable(url, exc) from exc
     except BaseException:
         engine.dispose()
         raise
@@ -41,12 +43,19 @@ def open_checked_engine(url: str) -> Engine:
 
 
 def _json(value: Any) -> None:
-    click.echo(json.dumps(value, default=str, indent=2))
+    from dbcluster.masking import masked
+    from dbcluster.monitor import jsonable
+
+    click.echo(json.dumps(masked(jsonable(value)), indent=2))
 
 
 @click.command(context_settings={"ignore_unknown_options": True})
 @click.option("--url", envvar="DBCLUSTER_URL", required=True, help=URL_HELP)
-@click.option("--app", envvar="DBCLUSTER_APP", help=APP_HELP + " Checks JOB and PARAMS.")
+@click.option(
+    "--app",
+    envvar="DBCLUSTER_APP",
+    help=APP_HELP + " Required: JOB and PARAMS are checked against it.",
+)
 @click.argument("job")
 @click.argument("params", nargs=-1, type=click.UNPROCESSED)
 @click.option(
@@ -59,8 +68,11 @@ def _json(value: Any) -> None:
 @click.option("--wait", is_flag=True, help="Wait for the job to end; exit 0 when it COMPLETED.")
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0),
-    help="With --wait: give up after this many seconds (exit 3).",
+    type=DURATION_S,
+    default="1h",
+    show_default=True,
+    help="With --wait: stop waiting after this long (30m, 6h; a bare number is seconds) and "
+    "exit 1; the job goes on.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def submit(
@@ -70,31 +82,38 @@ def submit(
     params: tuple[str, ...],
     next_run: bool,
     wait: bool,
-    timeout: float | None,
+    timeout: float,
     as_json: bool,
 ) -> None:
     """Ask the cluster to run JOB: write a launch request that a node started with
     `dbcluster worker --accept-launches` claims and runs as the job's master. Prints the
     request's id.
 
-    PARAMS look like launch's: run.date(date)=2026-11-30 or -attempt(int)=2. With --app the job
-    and its parameters are checked here; without it, by the accepting node (a bad request then
-    ends FAILED with the reason: see `dbcluster submit --wait` or the request row).
+    PARAMS look like launch's: run.date(date)=2026-11-30 or -attempt(int)=2. The job and its
+    parameters are checked here, against the application's registry (--app, as the workers
+    have it), the way Cluster.submit checks them: an unknown job exits 2 naming the known ones
+    (a node claims only requests for jobs it knows, so a request for another would wait for
+    ever). --wait follows the job to its end: exit 0 when it COMPLETED, 1 when it or its
+    launch did not, or when --timeout passed first.
     """
     from dbcluster.batch import JobParameters, load_registry
     from dbcluster.cluster.launches import LaunchStore
     from dbcluster.cluster.store import CoordinationStore
 
+    if not app:
+        raise click.UsageError(
+            "submit checks JOB against the application's jobs: give --app module:attribute "
+            "(or set DBCLUSTER_APP), the registry your workers run"
+        )
     parameters = JobParameters.parse(params)
-    if app:
-        job_def = load_registry(app).get_job(job)
-        if not next_run:
-            job_def.validate_parameters(parameters)
-        elif job_def.incrementer is None:
-            raise click.UsageError(
-                f"job {job!r} has no incrementer, so it has no next run; submit it without "
-                f"--next, or give it Job(..., incrementer=RunIdIncrementer())"
-            )
+    job_def = load_registry(app).get_job(job)
+    if not next_run:
+        job_def.validate_parameters(parameters)
+    elif job_def.incrementer is None:
+        raise click.UsageError(
+            f"job {job!r} has no incrementer, so it has no next run; submit it without "
+            f"--next, or give it Job(..., incrementer=RunIdIncrementer())"
+        )
     engine = open_checked_engine(url)
     try:
         launches = LaunchStore(CoordinationStore(engine))
@@ -106,15 +125,20 @@ def submit(
                 click.echo(request_id)
             return
         click.echo(f"launch request {request_id} submitted; waiting", err=True)
-        sys.exit(_wait(launches, engine, request_id, timeout, as_json))
+        sys.exit(_wait(launches, engine, request_id, job, timeout, as_json))
     finally:
         engine.dispose()
 
 
-def _wait(launches: Any, engine: Any, request_id: int, timeout: float | None, as_json: bool) -> int:
+def _wait(
+    launches: Any, engine: Any, request_id: int, job: str, timeout: float, as_json: bool
+) -> int:
     from dbcluster.batch import JobRepository
+    from dbcluster.masking import mask_secrets
+    from dbcluster.views import fmt_age
 
-    deadline = None if timeout is None else time.monotonic() + timeout
+    began = time.monotonic()
+    hinted = False
     repository = JobRepository(engine)
     while True:
         row = launches.request(request_id)
@@ -122,8 +146,10 @@ def _wait(launches: Any, engine: Any, request_id: int, timeout: float | None, as
             if as_json:
                 _json({"request_id": request_id, "status": "FAILED", "error": row.error_message})
             else:
-                click.echo(f"launch request {request_id} FAILED: {row.error_message}", err=True)
-            return 1
+                reason = mask_secrets(row.error_message or "")
+                click.echo(f"launch request {request_id} FAILED: {reason}", err=True)
+            return EXIT_FAILED
+        execution = None
         if row is not None and row.status == "LAUNCHED":
             execution = repository.get_job_execution(int(row.job_execution_id))
             if execution is not None and not execution.status.is_running:
@@ -139,10 +165,42 @@ def _wait(launches: Any, engine: Any, request_id: int, timeout: float | None, as
                     )
                 else:
                     click.echo(f"job execution {execution.id} ended {status}")
-                return 0 if status == "COMPLETED" else 1
-        if deadline is not None and time.monotonic() >= deadline:
-            click.echo(f"launch request {request_id}: still running after {timeout} s", err=True)
-            return 3
+                return EXIT_OK if status == "COMPLETED" else EXIT_FAILED
+        waited = time.monotonic() - began
+        pending = row is None or row.status == "PENDING"
+        if pending and not hinted and waited >= min(UNCLAIMED_HINT_S, timeout):
+            hinted = True
+            click.echo(
+                f"launch request {request_id} is still PENDING after "
+                f"{fmt_age(round(waited * 1000))}: no node has claimed it; is a `dbcluster "
+                f"worker --accept-launches` whose app has job {job!r} running?",
+                err=True,
+            )
+        if waited >= timeout:
+            where = (
+                f"job execution {execution.id} is still {execution.status.value}"
+                if execution is not None
+                else f"the request is still {row.status if row is not None else 'PENDING'}"
+            )
+            if as_json:
+                _json(
+                    {
+                        "request_id": request_id,
+                        "job_execution_id": None if execution is None else execution.id,
+                        "status": (
+                            execution.status.value
+                            if execution is not None
+                            else (row.status if row is not None else "PENDING")
+                        ),
+                        "timed_out": True,
+                    }
+                )
+            click.echo(
+                f"launch request {request_id}: gave up waiting after "
+                f"{fmt_age(round(timeout * 1000))} ({where}; --timeout waits longer)",
+                err=True,
+            )
+            return EXIT_FAILED
         time.sleep(0.5)
 
 

@@ -1,12 +1,20 @@
 """Cluster settings: the Java reference's defaults, in milliseconds, overridable in code and by
-``DBCLUSTER_<NAME>`` environment variables."""
+``DBCLUSTER_<NAME>`` environment variables.
+
+A duration in a variable (or a command-line option) is a number of milliseconds (``3000``) or
+a number with a unit: ``500ms``, ``30s``, ``2m``, ``1h``, ``30d`` (also ``w``; fractions such
+as ``1.5s`` too). A ``DBCLUSTER_*`` variable that dbcluster does not read is named in one
+warning, with the nearest known name (:func:`unknown_variables`).
+"""
 
 from __future__ import annotations
 
+import difflib
+import logging
 import os
 import re
 import socket
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -15,21 +23,48 @@ from dbcluster.errors import ConfigurationError
 FAILOVER_MODES = ("takeover", "abandon")
 #: Settings that are text, not milliseconds.
 _TEXT = ("node_id_prefix", "master_failover")
+#: Settings that are counts, not milliseconds.
+_COUNTS = ("concurrency_limit", "prefetch_multiplier")
 #: Settings whose None means "derived from the others".
 _DERIVED = ("idle_transaction_timeout",)
 #: Settings whose None means "off".
 _OPTIONAL = ("prune_after",)
-#: Settings that are ages: milliseconds, or text like ``30d`` in the environment.
-_AGES = ("prune_after",)
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$", re.IGNORECASE)
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
+#: How a duration is written, for messages.
+DURATION_FORMS = "500ms, 30s, 2m, 1h, 30d"
+
+
+def parse_duration(text: str, *, bare: str = "ms", what: str = "duration") -> int:
+    """Milliseconds of a duration: a number with a unit (``500ms``, ``30s``, ``2m``, ``1h``,
+    ``30d``, ``2w``; ``1.5s``), or a bare number, read in the unit ``bare`` (milliseconds
+    wherever milliseconds were taken before units were; seconds for options that took
+    seconds). A negative or malformed one is a :class:`ConfigurationError` naming ``what``."""
+    raw = "" if text is None else str(text)
+    if raw.strip().startswith("-"):
+        raise ConfigurationError(f"invalid {what} {raw!r}: it must not be negative")
+    found = _DURATION.match(raw)
+    if found is None:
+        raise ConfigurationError(
+            f"invalid {what} {raw!r}: use a number and a unit, e.g. {DURATION_FORMS} "
+            f"(a bare number is {_UNIT_NAMES[bare]})"
+        )
+    unit = (found.group(2) or bare).lower()
+    return round(float(found.group(1)) * _UNIT_MS[unit])
+
+
+_UNIT_NAMES = {"ms": "milliseconds", "s": "seconds"}
 
 
 _AGE = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d|w)\s*$", re.IGNORECASE)
-_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
 
 
 def parse_age(text: str) -> int:
-    """Milliseconds of an age like ``30d``, ``12h``, ``90m``, ``45s`` (or ``w``, ``ms``); a
-    negative, unit-less or malformed one is a :class:`ConfigurationError`."""
+    """Milliseconds of an age like ``30d``, ``12h``, ``90m``, ``45s`` (or ``w``, ``ms``): a
+    whole number whose unit must be given (an age decides what is deleted: a bare ``30`` is
+    more likely days than milliseconds, so it is refused). A negative, unit-less or malformed
+    one is a :class:`ConfigurationError`."""
     if (text or "").strip().startswith("-"):
         raise ConfigurationError(f"invalid age {text!r}: an age must not be negative")
     found = _AGE.match(text or "")
@@ -156,23 +191,24 @@ class ClusterSettings:
     ) -> ClusterSettings:
         """Defaults, then ``DBCLUSTER_<NAME>`` variables, then ``overrides``."""
         env = os.environ if environ is None else environ
+        warn_unknown_variables(env)
         values: dict[str, Any] = {}
         for f in fields(cls):
-            raw = env.get(f"DBCLUSTER_{f.name.upper()}")
+            name = f"DBCLUSTER_{f.name.upper()}"
+            raw = env.get(name)
             if raw is None:
                 continue
             if f.name in _TEXT:
                 values[f.name] = raw
-                continue
-            if f.name in _AGES and not raw.strip().isdigit():
-                values[f.name] = parse_age(raw)
-                continue
-            try:
-                values[f.name] = int(raw)
-            except ValueError:
-                raise ConfigurationError(
-                    f"DBCLUSTER_{f.name.upper()} must be an integer (milliseconds), not {raw!r}"
-                ) from None
+            elif f.name in _COUNTS:
+                try:
+                    values[f.name] = int(raw)
+                except ValueError:
+                    raise ConfigurationError(
+                        f"{name} must be a whole number, not {raw!r}"
+                    ) from None
+            else:
+                values[f.name] = parse_duration(raw, what=name)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 
@@ -181,3 +217,56 @@ class ClusterSettings:
         """The least time before a killed node's transferable partitions can move: it must be
         removed (cleanup threshold) and a master must notice (orphan check)."""
         return self.cleanup_threshold + self.orphan_check_interval
+
+
+# --- the DBCLUSTER_* variables ----------------------------------------------------------------
+
+#: Every ``DBCLUSTER_*`` variable dbcluster reads besides the settings above (docs/cli.md).
+VARIABLES = (
+    "DBCLUSTER_URL",
+    "DBCLUSTER_APP",
+    "DBCLUSTER_OTEL",
+    "DBCLUSTER_ACCEPT_LAUNCHES",
+    "DBCLUSTER_LOG_LEVEL",
+    "DBCLUSTER_LOG_FORMAT",
+    "DBCLUSTER_WEB_TOKEN",
+    "DBCLUSTER_WEB_PUBLIC_READ",
+    "DBCLUSTER_DEMO_URL",
+    "DBCLUSTER_SUITE_URL",
+)
+#: Families of variables read by the test, benchmark and fault-injection tools.
+VARIABLE_PREFIXES = ("DBCLUSTER_TEST_", "DBCLUSTER_BENCH_", "DBCLUSTER_FAULT_", "DBCLUSTER_CI_")
+_warned: set[str] = set()
+log = logging.getLogger("dbcluster.settings")
+
+
+def known_variables() -> list[str]:
+    return [*VARIABLES, *(f"DBCLUSTER_{f.name.upper()}" for f in fields(ClusterSettings))]
+
+
+def unknown_variables(names: Iterable[str]) -> list[str]:
+    """One line for each ``DBCLUSTER_*`` name that dbcluster does not read, with the nearest
+    known name where one is close (a misspelled setting is otherwise silently ignored)."""
+    known = known_variables()
+    lines = []
+    for name in sorted(n for n in names if n.startswith("DBCLUSTER_")):
+        if name in known or name.startswith(VARIABLE_PREFIXES):
+            continue
+        # Compared without the prefix that every name shares.
+        near = difflib.get_close_matches(name[10:], [k[10:] for k in known], n=1, cutoff=0.6)
+        hint = f" (did you mean DBCLUSTER_{near[0]}?)" if near else ""
+        lines.append(f"unknown environment variable {name} is ignored{hint}")
+    return lines
+
+
+def warn_unknown_variables(environ: Mapping[str, str], echo: Any = None) -> None:
+    """Warn once per process about each unknown ``DBCLUSTER_*`` variable: through ``echo``
+    (the command line's one line on stderr) or, without it, a logged WARNING."""
+    for line in unknown_variables(environ):
+        if line in _warned:
+            continue
+        _warned.add(line)
+        if echo is not None:
+            echo(f"warning: {line}")
+        else:
+            log.warning("%s", line)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from dbcluster.cli_options import DURATION_S
 from dbcluster.errors import DbclusterError
 
 if TYPE_CHECKING:
@@ -29,10 +30,11 @@ if TYPE_CHECKING:
 )
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0),
-    default=300.0,
+    type=DURATION_S,
+    default="5m",
     show_default=True,
-    help="With --wait: give up waiting after this many seconds (exit 1).",
+    help="With --wait: give up waiting after this long (30s, 10m; a bare number is seconds) "
+    "and exit 1.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 def stop(url: str, execution_id: int, wait: bool, timeout: float, as_json: bool) -> None:

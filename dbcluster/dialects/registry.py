@@ -27,6 +27,7 @@ from sqlalchemy.exc import ArgumentError, DisconnectionError, NoSuchModuleError
 
 from dbcluster.dialects.base import QueryProvider, SessionLimits
 from dbcluster.errors import MissingDriverError, UnsupportedBackendError
+from dbcluster.masking import safe_url
 
 ENTRY_POINT_GROUP = "dbcluster.dialects"
 
@@ -133,18 +134,8 @@ def parse_url(url: str | URL) -> URL:
         ) from exc
 
 
-def _safe(url: str | URL) -> str:
-    """A URL fit to print: never the password."""
-    if isinstance(url, URL):
-        return url.render_as_string(hide_password=True)
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001 - unparseable: print only what precedes the credentials
-        scheme, sep, _ = str(url).partition("://")
-        return f"{scheme}{sep}..." if sep else str(url)
-
-
-safe_url = _safe
+#: A URL fit to print: never a password (see :mod:`dbcluster.masking`).
+_safe = safe_url
 
 
 def _provider_class_for_url(url: URL) -> type[QueryProvider]:

@@ -1,14 +1,18 @@
-"""``dbcluster migrate``: bring a database's dbcluster schema to this release's."""
+"""``dbcluster migrate``: bring a database's dbcluster schema to this release's;
+``migrate current`` says which revision a database is at, ``migrate history`` lists them all."""
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import click
 
+URL_HELP = "SQLAlchemy database URL (or set DBCLUSTER_URL)."
 
-@click.command()
-@click.option(
-    "--url", envvar="DBCLUSTER_URL", help="SQLAlchemy database URL (or set DBCLUSTER_URL)."
-)
+
+@click.group(invoke_without_command=True)
+@click.option("--url", envvar="DBCLUSTER_URL", help=URL_HELP)
 @click.option("--sql", "as_sql", is_flag=True, help="Print the SQL for a DBA; touch nothing.")
 @click.option(
     "--dialect",
@@ -28,7 +32,9 @@ import click
     is_flag=True,
     help="Migrate even though nodes heartbeated in the last minute (they must be stopped).",
 )
+@click.pass_context
 def migrate(
+    ctx: click.Context,
     url: str | None,
     as_sql: bool,
     dialect_name: str | None,
@@ -41,7 +47,18 @@ def migrate(
     Each revision runs in one transaction where the database's DDL is transactional
     (PostgreSQL, SQLite, SQL Server, Db2); MySQL, MariaDB and Oracle commit each DDL statement,
     so a run cut short is completed by running migrate again. With --sql, prints the statements
-    instead (with --dialect, no connection is made)."""
+    instead (with --dialect, no connection is made).
+
+    `dbcluster migrate current` prints the revision the database is at; `dbcluster migrate
+    history` lists every revision (and, with --url, which are applied)."""
+    if ctx.invoked_subcommand is not None:
+        if as_sql or dialect_name or from_version or to_version or force:
+            raise click.UsageError(
+                f"--sql, --dialect, --from, --to and --force go with migrate, not "
+                f"migrate {ctx.invoked_subcommand}"
+            )
+        ctx.obj = {"url": url}
+        return
     from dbcluster import migrations
     from dbcluster.cli import open_engine
     from dbcluster.dialects import get_provider, provider_for_name
@@ -84,3 +101,114 @@ def migrate(
         click.echo(f"the schema is current ({migrations.HEAD}); nothing to do")
     for revision in applied:
         click.echo(f"applied {revision.revision} ({revision.release}): {revision.title}")
+
+
+def _state(url: str) -> dict[str, Any]:
+    """The database's revision, when it was recorded, and the revisions it lacks."""
+    from sqlalchemy import inspect, select
+
+    from dbcluster import migrations, schema
+    from dbcluster.cli import open_engine
+    from dbcluster.masking import safe_url
+
+    engine = open_engine(url)
+    try:
+        with engine.connect() as conn:
+            version = migrations.current_version(conn)
+            applied_time = None
+            if inspect(conn).has_table(schema.schema_version.name):
+                applied_time = conn.execute(select(schema.schema_version.c.applied_time)).scalar()
+    finally:
+        engine.dispose()
+    known = [r.revision for r in migrations.revisions()]
+    return {
+        "database": safe_url(url),
+        "revision": version,
+        "applied_time": applied_time,
+        "head": migrations.HEAD,
+        "known": version is None or version in known,
+        "pending": known[known.index(version) + 1 :] if version in known else [],
+    }
+
+
+def _url(ctx: click.Context, url: str | None) -> str | None:
+    return url or (ctx.obj or {}).get("url")
+
+
+@migrate.command("current")
+@click.option("--url", envvar="DBCLUSTER_URL", help=URL_HELP)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def current(ctx: click.Context, url: str | None, as_json: bool) -> None:
+    """Print the dbcluster schema revision the database is at, and what migrate would apply."""
+    from dbcluster import migrations
+    from dbcluster.monitor import jsonable
+
+    url = _url(ctx, url)
+    if not url:
+        raise click.UsageError("give --url URL (or set DBCLUSTER_URL)")
+    state = _state(url)
+    if as_json:
+        click.echo(json.dumps(jsonable(state)))
+        return
+    version = state["revision"]
+    if version is None:
+        click.echo("no dbcluster tables: run `dbcluster init`")
+        return
+    if not state["known"]:
+        click.echo(
+            f"{version}: newer than this dbcluster knows (its newest is {migrations.HEAD}); "
+            "upgrade dbcluster"
+        )
+        return
+    revision = next(r for r in migrations.revisions() if r.revision == version)
+    line = f"{version} (dbcluster {revision.release}): {revision.title}"
+    if state["pending"]:
+        count = len(state["pending"])
+        line += f"; {count} revision(s) to apply ({', '.join(state['pending'])}): "
+        line += "run `dbcluster migrate`"
+    else:
+        line += " (head)"
+    click.echo(line)
+
+
+@migrate.command("history")
+@click.option(
+    "--url",
+    envvar="DBCLUSTER_URL",
+    help=URL_HELP + " Marks which revisions the database has (none: no connection is made).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def history(ctx: click.Context, url: str | None, as_json: bool) -> None:
+    """List every schema revision, oldest first: its id, the one it follows, the dbcluster
+    release that made it and what it does."""
+    from dbcluster import migrations
+
+    url = _url(ctx, url)
+    state = _state(url) if url else None
+    rows = []
+    for r in migrations.revisions():
+        row: dict[str, Any] = {
+            "revision": r.revision,
+            "down_revision": r.down_revision,
+            "release": r.release,
+            "title": r.title,
+            "head": r.revision == migrations.HEAD,
+        }
+        if state is not None:
+            row["applied"] = state["revision"] is not None and r.revision not in state["pending"]
+            row["current"] = r.revision == state["revision"]
+        rows.append(row)
+    if as_json:
+        click.echo(json.dumps(rows))
+        return
+    for row in rows:
+        marks = [m for m in ("head", "current") if row.get(m)]
+        if state is not None and not row["applied"]:
+            marks.append("pending")
+        parent = row["down_revision"] or "<base>"
+        tail = f" ({', '.join(marks)})" if marks else ""
+        click.echo(
+            f"{parent} -> {row['revision']} (dbcluster {row['release']}){tail}: {row['title']}"
+        )

@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from dbcluster.cli_options import DURATION_MS, DURATION_S, chosen_level, log_options
+
 if TYPE_CHECKING:  # the CLI imports this module: the test application loads only when run
     from dbcluster.testing.rowmark import RowMark
 
@@ -639,9 +641,13 @@ def format_summary(s: dict[str, Any]) -> str:
 @click.option("--jobs", type=click.IntRange(min=1), default=5, show_default=True)
 @click.option("--faults", type=click.IntRange(min=0), default=20, show_default=True)
 @click.option("--seed", type=int, default=7, show_default=True)
-@click.option("--window", type=float, help="Seconds over which faults fall (default: auto).")
-@click.option("--delay-ms", type=int, default=3000, show_default=True, help="Partition run time.")
-@click.option("--settle-timeout", type=float, default=240, show_default=True)
+@click.option(
+    "--window", type=DURATION_S, help="How long faults keep falling (default: auto; bare: s)."
+)
+@click.option(
+    "--delay-ms", type=DURATION_MS, default="3000", show_default=True, help="Partition run time."
+)
+@click.option("--settle-timeout", type=DURATION_S, default="240", show_default=True)
 @click.option("--workdir", type=click.Path(file_okay=False), help="Node logs go here.")
 @click.option(
     "--target",
@@ -659,6 +665,7 @@ def format_summary(s: dict[str, Any]) -> str:
     "themselves on, partition after partition).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@log_options()
 def chaos(
     url: str,
     nodes: int,
@@ -672,14 +679,24 @@ def chaos(
     target: str,
     concurrency: int,
     as_json: bool,
+    log_level: str | None,
+    log_format: str,
+    verbose: bool,
 ) -> None:
     """Run nodes on URL, inject seeded faults, check every invariant (exit 0 only if all held).
 
     URL must be a scratch database: the dbcluster and test tables are created in it."""
+    import logging
     import sys
 
+    from dbcluster import logs
+    from dbcluster.monitor import jsonable
+
+    logs.configure(chosen_level(log_level, verbose), log_format)
+    progress = logging.getLogger("dbcluster.chaos")
+
     def say(message: str) -> None:
-        click.echo(f"chaos: {message}", err=True)
+        progress.info("%s", message)
 
     summary = run_chaos(
         url,
@@ -695,5 +712,8 @@ def chaos(
         target=target,
         env={"DBCLUSTER_CONCURRENCY_LIMIT": str(concurrency)},
     )
-    click.echo(json.dumps(summary, default=str, indent=2) if as_json else format_summary(summary))
+    if as_json:
+        click.echo(json.dumps(jsonable(summary), default=str, indent=2))
+    else:
+        click.echo(format_summary(summary))
     sys.exit(0 if summary["ok"] else 1)

@@ -1,8 +1,11 @@
-"""The conformance suite's pytest plugin (registered as ``dbcluster`` in ``pytest11``).
+"""The conformance suite's pytest plugin: opt-in, never loaded into a pytest that did not ask.
 
 Run the suite against a database with::
 
-    pytest --pyargs dbcluster.testing.suite --dbcluster-url URL
+    pytest -p dbcluster.testing.plugin --pyargs dbcluster.testing.suite --dbcluster-url URL
+
+or enable the plugin for a project's own tests (its fixtures, ``dbc_backend`` to override) with
+``pytest_plugins = ["dbcluster.testing.plugin"]`` in the root ``conftest.py``.
 
 ``URL`` must be a scratch database: where the server can create databases, the suite works in a
 database of its own that it drops at the end; otherwise (SQLite, or a provider that declares

@@ -1,9 +1,10 @@
-"""The dashboard's actions and who may take them.
+"""The dashboard's actions and who may take them (and, with a token, who may read it).
 
 Actions exist only when the dashboard was started with a token (``dbcluster web --token``, or
 ``DBCLUSTER_WEB_TOKEN``), and then only for a request that carries it: an ``Authorization:
 Bearer <token>`` header, or the session cookie the login form sets (an HMAC of the token, never
 the token itself; HttpOnly, SameSite=Strict, so another site cannot make a browser use it).
+The same token guards reading the pages and ``/metrics`` unless ``--public-read``.
 
 Restart: a FAILED, STOPPED or ABANDONED execution is restarted by a background ``dbcluster
 restart --no-work`` process of its own (the master of the new execution; the dashboard itself

@@ -26,7 +26,7 @@ def test_five_and_six_fields_names_steps_lists_and_macros() -> None:
     assert Cron.parse("@hourly").next_after(T) == T + timedelta(hours=1)
     assert Cron.parse("0 0 * * 7").next_after(T) == datetime(2026, 12, 6)  # 7 is Sunday
     assert Cron.parse("0 0 29 2 *").next_after(T) == datetime(2028, 2, 29)
-    # Day of month and day of week both restricted: either matches (Vixie cron).
+    # Day of month and day of week both restricted: either matches (cronie).
     assert Cron.parse("0 0 13 * fri").next_after(datetime(2026, 12, 1)) == datetime(2026, 12, 4)
     assert Cron.parse("30 * * * *").previous_before(T) == datetime(2026, 11, 30, 19, 30)
     assert Cron.parse("* * * * *").latest_ticks(T - timedelta(hours=1), T, limit=3) == [

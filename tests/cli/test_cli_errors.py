@@ -24,10 +24,10 @@ def ready_url(tmp_path_factory: pytest.TempPathFactory) -> str:
     return url
 
 
-def assert_user_error(args: list[str], *expected: str) -> str:
+def assert_user_error(args: list[str], *expected: str, status: int = 2) -> str:
     proc = run_cli(*args, timeout=30)
     message = proc.stderr.strip()
-    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    assert proc.returncode == status, (proc.returncode, proc.stdout, proc.stderr)
     assert "Traceback" not in proc.stderr
     assert len(message.splitlines()) == 1, message
     assert proc.stdout == ""
@@ -42,10 +42,15 @@ def assert_user_error(args: list[str], *expected: str) -> str:
         ["status"],
         ["launch", "--app", APP, "reconcile-receipts", "run=1", "--json"],
         ["worker", "--app", APP],
+        ["submit", "--app", APP, "reconcile-receipts"],
+        ["stop", "1"],
+        ["migrate"],
+        ["web"],
     ],
 )
-def test_unreachable_database(command: list[str]) -> None:
-    message = assert_user_error([*command, "--url", UNREACHABLE], "cannot connect to")
+def test_unreachable_database_exits_3(command: list[str]) -> None:
+    """Exit status 3 is "the database is unavailable" (2 is a usage error), one line."""
+    message = assert_user_error([*command, "--url", UNREACHABLE], "cannot connect to", status=3)
     assert "s3cret" not in message and "dbc:***@127.0.0.1:9" in message
 
 
@@ -125,3 +130,27 @@ def test_launch_next_increments_the_run_id_and_a_validator_refuses_bad_parameter
     message = proc.stderr.strip()
     assert len(message.splitlines()) == 1, message
     assert "'other' is not a parameter of this job" in message, message
+
+
+def test_a_connection_lost_during_a_command_exits_3_in_one_line(
+    ready_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sqlalchemy.exc import OperationalError
+
+    from dbcluster import monitor
+    from dbcluster.cli import main
+
+    def lost(engine: object) -> None:
+        raise OperationalError(
+            "SELECT ...", {}, Exception("server closed the connection unexpectedly\nmore")
+        )
+
+    monkeypatch.setattr(monitor, "cluster_status", lost)
+    with pytest.raises(SystemExit) as exited:
+        main(["status", "--url", ready_url])
+    err = capsys.readouterr().err
+    assert exited.value.code == 3, err
+    assert (
+        err.strip()
+        == "error: the database is unavailable: server closed the connection unexpectedly"
+    )

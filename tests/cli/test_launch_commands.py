@@ -13,7 +13,7 @@ from cli_helpers import cli, cli_env, run_cli, wait_for
 from sqlalchemy import select
 
 from dbcluster.cli import main
-from dbcluster.schema import nodes
+from dbcluster.schema import launch_requests, nodes
 from dbcluster.testing.backends import Backend
 
 APP = "dbcluster.testing.scheduled:unscheduled"
@@ -58,10 +58,13 @@ def test_submit_waits_for_the_job_an_accepting_worker_runs(
     assert done.returncode == 0, done.stderr + log.read_text()[-2000:]
     outcome = json.loads(done.stdout)
     assert outcome["status"] == "COMPLETED" and outcome["request_id"] >= 1
-    # Without --app the accepting node judges the request: this one fails there, with its reason.
-    failed = run_cli("submit", "--url", backend.url, "tick", "--next", "--wait", "--timeout", "30")
+    # What only the accepting node can judge fails there, with its reason: an instance that
+    # already completed.
+    tick = ("submit", "--url", backend.url, "--app", APP, "tick", "run=1", "--wait")
+    assert run_cli(*tick, "--timeout", "30s").returncode == 0
+    failed = run_cli(*tick, "--timeout", "30s")
     assert failed.returncode == 1, failed.stderr
-    assert "has no incrementer" in failed.stderr
+    assert "already completed" in failed.stderr
     listed = run_cli("schedules", "--app", SCHEDULED, "--url", backend.url, "--json")
     assert listed.returncode == 0, listed.stderr
     (every,) = json.loads(listed.stdout)
@@ -73,10 +76,56 @@ def test_submit_waits_for_the_job_an_accepting_worker_runs(
 
 
 @pytest.mark.backends("sqlite")
+def test_submit_of_an_unknown_job_exits_2_naming_the_known_jobs(backend: Backend) -> None:
+    # The application comes from DBCLUSTER_APP, as it does for the workers.
+    proc = run_cli("submit", "nosuchjob", DBCLUSTER_URL=backend.url, DBCLUSTER_APP=APP)
+    assert proc.returncode == 2 and proc.stdout == "", (proc.returncode, proc.stdout)
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("error: no job named 'nosuchjob' is registered (known: counter, ")
+    assert line.endswith(", tick)") and ", ledger, " in line
+    # Without an application to check it against, submit says what it needs (and writes no
+    # request that no node would ever claim).
+    bare = run_cli("submit", "nosuchjob", DBCLUSTER_URL=backend.url)
+    assert bare.returncode == 2 and "give --app module:attribute" in bare.stderr
+    assert "Traceback" not in bare.stderr
+    with backend.engine.connect() as conn:
+        assert conn.execute(select(launch_requests)).first() is None
+
+
+@pytest.mark.backends("sqlite")
+def test_submit_wait_gives_up_after_its_timeout_and_says_why(backend: Backend) -> None:
+    """No node accepts launches here: the request stays PENDING. --wait says so and gives up at
+    --timeout (its default is an hour, not for ever), exit 1."""
+    proc = run_cli(
+        "submit", "--url", backend.url, "--app", APP, "tick", "run=2", "--wait", "--timeout",
+        "1500ms", "--json",
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines[0] == "launch request 1 submitted; waiting"
+    assert "is still PENDING after 1.5s: no node has claimed it" in lines[1]
+    assert "`dbcluster worker --accept-launches` whose app has job 'tick'" in lines[1]
+    assert lines[2] == (
+        "launch request 1: gave up waiting after 1.5s (the request is still PENDING; "
+        "--timeout waits longer)"
+    )
+    assert json.loads(proc.stdout) == {
+        "request_id": 1,
+        "job_execution_id": None,
+        "status": "PENDING",
+        "timed_out": True,
+    }
+    from dbcluster.cluster.launch_commands import submit
+
+    timeout = next(p for p in submit.params if p.name == "timeout")
+    assert timeout.default == "1h" and timeout.type.convert("1h", None, None) == 3600.0
+
+
+@pytest.mark.backends("sqlite")
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("submit", "nosuch"), "no job named 'nosuch' is registered"),
+        (("submit", "nosuch"), "no job named 'nosuch' is registered (known: counter, ledger"),
         (("submit", "tick", "oops"), "bad job parameter 'oops'"),
         (("submit", "tick", "--next"), "job 'tick' has no incrementer"),
         (("schedules", "--cron", "0 25 * * *"), "cron hour field: 25 is out of range 0-23"),

@@ -1,7 +1,7 @@
 """The suite and ``dbcluster chaos`` judge only their own run, whatever ran before in the same
 database (issue 17, item 5). The long form is a command, not a test (docs/PROVIDERS.md):
 
-    pytest --pyargs dbcluster.testing.suite --dbcluster-url URL
+    pytest -p dbcluster.testing.plugin --pyargs dbcluster.testing.suite --dbcluster-url URL
     dbcluster chaos --url URL --faults 4 --jobs 2 && dbcluster chaos --url URL --faults 4 --jobs 2
 """
 

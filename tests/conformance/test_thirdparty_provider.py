@@ -68,7 +68,8 @@ def run(
 def run_suite(env: dict[str, str], url: str, cwd: Path) -> str:
     suite = run(
         env,
-        *("-m", "pytest", "--pyargs", "dbcluster.testing.suite", "--dbcluster-url", url),
+        *("-m", "pytest", "-p", "dbcluster.testing.plugin"),
+        *("--pyargs", "dbcluster.testing.suite", "--dbcluster-url", url),
         *("-p", "no:cacheprovider", "-q", "-rs"),
         cwd=cwd,
     )

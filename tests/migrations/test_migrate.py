@@ -278,6 +278,43 @@ def test_init_records_the_version_and_a_node_refuses_another(
         engine.dispose()
 
 
+def test_migrate_current_and_history_say_where_a_database_stands(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    engine = make_engine(url)
+    try:
+        status, out, err = run_main(capsys, "migrate", "current", "--url", url)
+        assert (status, out) == (0, "no dbcluster tables: run `dbcluster init`\n"), err
+        create_0_1_0(engine)
+        status, out, err = run_main(capsys, "migrate", "current", "--url", url)
+        assert status == 0, err
+        assert out.startswith("0001 (dbcluster 0.1.0): The schema dbcluster 0.1.0 released")
+        assert out.endswith("; 1 revision(s) to apply (0002): run `dbcluster migrate`\n")
+        status, out, err = run_main(capsys, "migrate", "history", "--url", url)
+        assert status == 0, err
+        lines = out.splitlines()
+        assert [line.split(":")[0] for line in lines] == [
+            "<base> -> 0001 (dbcluster 0.1.0) (current)",
+            "0001 -> 0002 (dbcluster 0.2.0) (head, pending)",
+        ]
+        status, out, err = run_main(capsys, "migrate", "--url", url)
+        assert status == 0 and "applied 0002" in out, err
+        status, out, err = run_main(capsys, "migrate", "current", "--url", url, "--json")
+        found = json.loads(out)
+        assert (found["revision"], found["head"], found["pending"]) == ("0002", "0002", [])
+        assert found["applied_time"].endswith("Z")
+        status, out, err = run_main(capsys, "migrate", "history", "--json")  # no connection
+        chain = [(r["revision"], r["down_revision"], r["release"]) for r in json.loads(out)]
+        assert chain == [("0001", None, "0.1.0"), ("0002", "0001", "0.2.0")]
+        status, out, err = run_main(capsys, "migrate", "--url", url, "history")
+        assert status == 0 and "(head, current)" in out, err
+        status, out, err = run_main(capsys, "migrate", "--force", "current", "--url", url)
+        assert status == 2 and "go with migrate, not migrate current" in err
+    finally:
+        engine.dispose()
+
+
 def test_an_empty_database_is_not_migrated(tmp_path: Path) -> None:
     engine = make_engine(f"sqlite:///{tmp_path / 'empty.sqlite'}")
     try:

@@ -35,7 +35,7 @@ def _browser() -> Any:
         from selenium import webdriver
         from selenium.webdriver.chrome.service import Service
     except ImportError:
-        pytest.skip("no browser test: selenium is not installed (pip install -e '.[test]')")
+        pytest.skip("no browser test: selenium is not installed (pip install -e '.[dev]')")
     if CHROMIUM is None or CHROMEDRIVER is None:
         pytest.skip(
             "no headless browser: install Debian's chromium and chromium-driver "
@@ -251,6 +251,13 @@ def test_the_job_page_shows_partitions_progress_and_move_off_a_killed_worker(
 
             browser.get(f"{base}/")
             browser.save_screenshot(str(shots / "4-nodes.png"))
+            # The pages keep to their Content-Security-Policy: the browser blocked nothing.
+            blocked = [
+                entry["message"]
+                for entry in browser.get_log("browser")
+                if "Content Security Policy" in entry["message"]
+            ]
+            assert blocked == [], blocked
         finally:
             dashboard.stop()
     with receipts_engine.connect() as conn:

@@ -156,7 +156,13 @@ def test_restart_is_offered_only_to_the_token(
             restarted.append(execution_id)
             return 4242, None
 
-    app = create_app(backend.engine, token="s3cret", restarter=Recorder(), watch_interval_s=None)
+    app = create_app(
+        backend.engine,
+        token="s3cret",
+        public_read=True,
+        restarter=Recorder(),  # type: ignore[arg-type] - records what a restart would run
+        watch_interval_s=None,
+    )
     site = serve(app)
     anonymous = site.get(f"/jobs/{failed}").body
     assert "Log in</a> to restart" in anonymous and 'action="/jobs' not in anonymous

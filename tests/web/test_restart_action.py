@@ -91,7 +91,7 @@ def test_a_failed_job_restarted_from_the_dashboard_completes(
                 select(job_masters).where(job_masters.c.job_execution_id == done.job_execution_id)
             ).all()
         assert [m.reason for m in masters] == ["launched"]  # its own master saw it through
-        page = site.get(f"/jobs/{done.job_execution_id}").body
+        page = site.get(f"/jobs/{done.job_execution_id}", Authorization="Bearer t0ken").body
         assert "COMPLETED" in page and "/restart" not in page
     finally:
         node.stop(drain_timeout_ms=2000)

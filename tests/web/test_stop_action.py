@@ -48,6 +48,7 @@ def test_a_running_execution_is_stopped_from_its_page(
     app = create_app(
         backend.engine,
         token="s3cret",
+        public_read=True,
         restarter=object(),  # type: ignore[arg-type] - restarts are not exercised here
         stopper=Stopper(backend.url),
         watch_interval_s=None,

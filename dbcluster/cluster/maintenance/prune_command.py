@@ -10,7 +10,7 @@ from sqlalchemy.exc import DBAPIError
 
 from dbcluster.cluster.maintenance.pruner import TABLES, PrunePolicy, Pruning, parse_statuses
 from dbcluster.cluster.settings import parse_age
-from dbcluster.errors import DatabaseUnreachableError
+from dbcluster.errors import unreachable
 
 
 @click.command()
@@ -64,7 +64,7 @@ def prune(
     execution. Never an execution in flight, nor any execution of an instance whose newest
     execution did not complete (it may be restarted)."""
     from dbcluster.cluster.store import CoordinationStore
-    from dbcluster.dialects import make_engine, safe_url
+    from dbcluster.dialects import make_engine
     from dbcluster.monitor import require_schema
 
     policy = PrunePolicy(
@@ -78,8 +78,7 @@ def prune(
         try:
             require_schema(engine)
         except DBAPIError as exc:
-            reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
-            raise DatabaseUnreachableError(f"cannot connect to {safe_url(url)}: {reason}") from exc
+            raise unreachable(url, exc) from exc
         pruning = Pruning(CoordinationStore(engine))
         result = pruning.dry_run(policy) if dry_run else pruning.prune(policy)
     finally:

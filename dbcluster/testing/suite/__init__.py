@@ -1,4 +1,9 @@
-"""The dbcluster conformance suite: ``pytest --pyargs dbcluster.testing.suite --dbcluster-url URL``.
+"""The dbcluster conformance suite (``pip install 'dbcluster[conformance]'``)::
+
+    pytest -p dbcluster.testing.plugin --pyargs dbcluster.testing.suite --dbcluster-url URL
+
+The plugin (options, fixtures) is opt-in: ``-p dbcluster.testing.plugin``, or
+``pytest_plugins = ["dbcluster.testing.plugin"]`` in a project's root ``conftest.py``.
 
 ``test_provider`` proves the query provider contract (clock, staleness, registration, guarded
 transitions, DDL); ``test_statements`` compiles every statement of the contract, enumerated by

@@ -11,7 +11,8 @@ written as a provider for a database dbcluster does not know would be (docs/PROV
    ``sqlalchemy_names``, declares its capabilities, and overrides only what FileDB does
    differently: a column type, how its driver is installed, and how a scratch database is made.
 3. It registers in the ``dbcluster.dialects`` entry-point group under its ``name``, and proves
-   itself with ``pytest --pyargs dbcluster.testing.suite --dbcluster-url filedb:///path/x.db``.
+   itself with ``pytest -p dbcluster.testing.plugin --pyargs dbcluster.testing.suite
+   --dbcluster-url filedb:///path/x.db``.
 """
 
 from __future__ import annotations
