@@ -15,12 +15,22 @@ import tempfile
 import time
 import uuid
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
+
+from dbcluster.testing.dbfaults import (
+    COMMAND_TIMEOUT_S,
+    DB_KINDS,
+    DbControl,
+    DbFaultRunner,
+    first_execution_check,
+    scan_logs,
+)
 
 if TYPE_CHECKING:  # the CLI imports this module: the test application loads only when run
     from dbcluster.testing.rowmark import RowMark
@@ -34,6 +44,11 @@ KINDS = ("kill", "stop", "term", "cut", "freeze-tx", "stop-between", "blip")
 MASTER_KINDS = ("stop-between", "blip")
 #: Kinds that only make sense on a worker (a master's partitions run on the workers).
 WORKER_KINDS = ("term", "freeze-tx")
+#: Every kind a plan may use: the node kinds above and the database's own (dbfaults.py), which
+#: fall on the database whatever ``--target`` says.
+ALL_KINDS = KINDS + DB_KINDS
+#: Seconds between two database faults of a plan, at least (a restart takes several).
+DB_FAULT_SPACING_S = 12.0
 #: ``--target``: which processes the faults fall on (``any``: workers and masters, mixed).
 TARGETS = ("any", "masters", "workers")
 JOB_NAMES = ("ledger-steps", "ledger-mixed", "ledger-fixed", "ledger")
@@ -44,7 +59,8 @@ STEPPED_JOBS = ("ledger-steps",)
 @dataclass(frozen=True)
 class Fault:
     """One planned fault: ``at`` seconds after the first job launch, on slot ``target`` (``w<i>``
-    a worker, ``m<j>`` the master of job ``j``), lasting ``duration`` s (stop and cut)."""
+    a worker, ``m<j>`` the master of job ``j``, ``db`` the database, ``db<k>`` the server of
+    the k-th URL), lasting ``duration`` s (stop, cut, and a Galera node's time down)."""
 
     at: float
     kind: str
@@ -73,18 +89,36 @@ def plan_faults(
     cleanup_ms: int,
     unreachable_ms: int,
     on: str = "any",
+    kinds: Sequence[str] | None = None,
+    db_nodes: int = 1,
 ) -> list[Fault]:
     """The fault plan: a pure function of its arguments. Every kind appears once before any
     repeats (when ``faults`` >= the number of kinds); about a quarter of kills and stops hit a
     job's master. ``on="masters"`` puts every fault on a master (the kinds a master can
-    take), ``"workers"`` every fault on a worker."""
+    take), ``"workers"`` every fault on a worker.
+
+    ``kinds`` (default: the node kinds, :data:`KINDS`) chooses the kinds; database kinds fall
+    on the database whatever ``on`` says, at least :data:`DB_FAULT_SPACING_S` apart where the
+    window allows, and ``galera-kill`` on one of the servers ``2..db_nodes`` (the first URL is
+    the run's own, for its checks)."""
     if on not in TARGETS:
         raise ValueError(f"faults fall on one of {', '.join(TARGETS)}, not {on!r}")
+    chosen = tuple(kinds) if kinds is not None else KINDS
+    unknown = [k for k in chosen if k not in ALL_KINDS]
+    if unknown or not chosen:
+        raise ValueError(
+            f"unknown fault kind(s) {', '.join(unknown) or '(none given)'}; "
+            f"known: {', '.join(ALL_KINDS)}"
+        )
+    if "galera-kill" in chosen and db_nodes < 2:
+        raise ValueError("galera-kill needs at least two database URLs (it never kills the first)")
     pool = {
-        "any": KINDS,
-        "masters": tuple(k for k in KINDS if k not in WORKER_KINDS),
-        "workers": tuple(k for k in KINDS if k not in MASTER_KINDS),
+        "any": chosen,
+        "masters": tuple(k for k in chosen if k not in WORKER_KINDS),
+        "workers": tuple(k for k in chosen if k not in MASTER_KINDS),
     }[on]
+    if not pool:
+        raise ValueError(f"none of the kinds {', '.join(chosen)} can fall on {on}")
     rng = random.Random(seed)
     kinds = list(pool)
     rng.shuffle(kinds)
@@ -95,7 +129,19 @@ def plan_faults(
     stepped = [j for j in range(jobs) if JOB_NAMES[j % len(JOB_NAMES)] in STEPPED_JOBS]
     master_hit = False
     plan: list[Fault] = []
+    db_total = sum(k in DB_KINDS for k in kinds)
+    db_seen = 0
     for kind in kinds:
+        if kind in DB_KINDS:
+            # Spread over the window, one slot each (a command runs only after the last ends).
+            slot = max(window / db_total, min(DB_FAULT_SPACING_S, window))
+            at = 1.0 + db_seen * slot + rng.uniform(0.0, slot * 0.4)
+            db_seen += 1
+            target, duration = "db", 0.0
+            if kind == "galera-kill":
+                target, duration = f"db{rng.randint(2, db_nodes)}", rng.uniform(2.0, 6.0)
+            plan.append(Fault(round(at, 3), kind, target, round(duration, 3)))
+            continue
         to_master = kind in MASTER_KINDS or (
             kind in ("kill", "stop", "cut")
             and (rng.random() < 0.25 or (kind == "kill" and not master_hit))
@@ -135,6 +181,27 @@ class KillRecord:
     prefix: str
     db_time: datetime
     held: list[tuple[int, int]]  # (step execution id, attempt) of transferable in-flight rows
+
+
+def _transient(engine: Any, error: BaseException) -> bool:
+    """Whether ``error`` is the database going away or coming back (a restart, a switchover):
+    the run's own reads wait it out."""
+    from dbcluster.dialects import get_provider
+
+    provider = get_provider(engine)
+    return provider.is_transient(error) or provider.is_read_only(error)
+
+
+def _patiently(engine: Any, read: Any, timeout: float = 120.0) -> Any:
+    """``read()``, repeated while the database is unavailable (up to ``timeout`` s)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return read()
+        except Exception as exc:
+            if not _transient(engine, exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)
 
 
 def _db_now(engine: Any) -> datetime:
@@ -255,7 +322,7 @@ def _takeovers(engine: Any, refs: list[Any], faults: list[dict[str, Any]]) -> li
 
 
 def run_chaos(
-    url: str,
+    url: str | Sequence[str],
     *,
     nodes: int = 4,
     jobs: int = 5,
@@ -269,10 +336,16 @@ def run_chaos(
     env: dict[str, str] | None = None,
     log: Any = None,
     target: str = "any",
+    kinds: Sequence[str] | None = None,
+    db_control: DbControl | None = None,
 ) -> dict[str, Any]:
     """Run the chaos scenario on ``url`` (a scratch database) and return the summary.
 
-    ``target`` chooses which processes the faults fall on (see :func:`plan_faults`)."""
+    ``target`` chooses which processes the faults fall on (see :func:`plan_faults`). ``url`` may
+    be several URLs of one cluster's servers (Galera nodes): worker ``i`` and the launcher of job
+    ``j`` connect to URL ``i``/``j`` modulo their number; the run's own reads use the first.
+    ``kinds`` chooses the fault kinds (default: the node kinds, and each database kind whose
+    command ``db_control`` gives)."""
     from dbcluster import schema
     from dbcluster.batch.parameters import JobParameters
     from dbcluster.batch.repository import JobRepository
@@ -283,25 +356,45 @@ def run_chaos(
     from dbcluster.testing.rowmark import mark_rows
 
     say = log or (lambda message: None)
+    urls = [url] if isinstance(url, str) else list(url)
+    if not urls:
+        raise ValueError("chaos needs a database URL")
+    url = urls[0]
+    control = db_control or DbControl()
+    if kinds is None:
+        kinds = KINDS + control.available()
+    missing = control.missing(kinds)
+    if missing:
+        raise ValueError("; ".join(missing))
     began = time.monotonic()
     engine = make_engine(url)
     schema.metadata.create_all(engine)
     ledger_metadata.create_all(engine)
     since = mark_rows(engine)  # rows of earlier runs in this database are not judged
     workdir = Path(workdir or tempfile.mkdtemp(prefix="dbcluster-chaos-"))
-    harness = Harness(url, workdir, env=env)
+    harness = Harness(url, workdir, env=env, node_urls=urls)
     cleanup_ms = harness.ms("cleanup_threshold")
-    window = window if window is not None else max(8.0, faults * 1.2)
-    plan = plan_faults(
-        seed,
-        faults,
-        nodes,
-        jobs,
-        window=window,
-        cleanup_ms=cleanup_ms,
-        unreachable_ms=harness.ms("unreachable_threshold"),
-        on=target,
-    )
+
+    def planned(seconds: float) -> list[Fault]:
+        return plan_faults(
+            seed,
+            faults,
+            nodes,
+            jobs,
+            window=seconds,
+            cleanup_ms=cleanup_ms,
+            unreachable_ms=harness.ms("unreachable_threshold"),
+            on=target,
+            kinds=kinds,
+            db_nodes=len(urls),
+        )
+
+    if window is None:
+        window = max(8.0, faults * 1.2)
+        # Room for the database's faults: one every DB_FAULT_SPACING_S at most.
+        db_faults = sum(f.kind in DB_KINDS for f in planned(window))
+        window = max(window, DB_FAULT_SPACING_S * db_faults)
+    plan = planned(window)
     run_id = f"{seed}-{uuid.uuid4().hex[:8]}"
     refs: list[JobRef] = []
     for j in range(jobs):
@@ -315,9 +408,12 @@ def run_chaos(
     workers: dict[str, NodeProcess] = {}
     launchers: dict[int, NodeProcess] = {}
     launched = [False] * jobs
+    ended_launches: set[int] = set()  # pids of launch processes whose exit status is counted
     done = [False] * jobs
     restarts = 0
     relaunches = 0  # launch processes started again before their job had an execution
+    relaunched = [0] * jobs  # the same, per job
+    launch_exits: list[int | None] = []  # exit status of every launch process that ended
     restart_causes: list[dict[str, Any]] = []  # why each relaunched job's last execution ended
     injected: list[dict[str, Any]] = []
     kills: list[KillRecord] = []
@@ -325,6 +421,9 @@ def run_chaos(
     parks: list[tuple[float, str, Fault, NodeProcess, dict[str, Any]]] = []
     respawn: dict[str, float] = {}
     summary: dict[str, Any] = {}
+    t0 = time.monotonic()
+    runner = DbFaultRunner(control, lambda: time.monotonic() - t0, say)
+    outage_warned = [False]
     try:
         for i in range(nodes):
             workers[f"w{i}"] = harness.start_worker(f"w{i}")
@@ -377,6 +476,9 @@ def run_chaos(
                 p = launchers.get(j)
                 if p is not None and p.alive():
                     continue
+                if p is not None and p.pid not in ended_launches:
+                    ended_launches.add(p.pid)
+                    launch_exits.append(p.popen.returncode)
                 state = job_state(j)
                 if state == "completed":
                     done[j] = True
@@ -387,6 +489,7 @@ def run_chaos(
                     # Its launch process ended (a fault as it connected) before the execution
                     # existed: launching it again restarts nothing.
                     relaunches += 1
+                    relaunched[j] += 1
                 elif launched[j]:
                     restarts += 1
                     ended = last_execution(j)
@@ -414,8 +517,16 @@ def run_chaos(
                     workers[slot] = harness.start_worker(slot)
 
         def inject(index: int, fault: Fault, now: float) -> None:
-            p = pick(fault)
             record: dict[str, Any] = {**asdict(fault), "index": index}
+            if fault.kind in DB_KINDS:
+                node = int(fault.target[2:]) if fault.target[2:] else None
+                record.update(applied_to=fault.target, role="database", prefix=None)
+                record["at_actual"] = round(now - t0, 3)
+                injected.append(record)
+                runner.submit(record, fault.kind, fault.duration, node)
+                say(f"fault {index} {fault.kind} -> {fault.target}")
+                return
+            p = pick(fault)
             if p is None:
                 record["skipped"] = "no eligible process"
                 injected.append(record)
@@ -430,11 +541,12 @@ def run_chaos(
             )
             if p.role == "launch":
                 # When a master's fault began, on the database clock (to time its takeover).
-                record["db_time"] = _db_now(engine).isoformat()
+                record["db_time"] = _patiently(engine, lambda: _db_now(engine)).isoformat()
             if fault.kind == "kill":
-                held = _held_transferable(engine, p.prefix)
+                held = _patiently(engine, lambda: _held_transferable(engine, p.prefix))
                 harness.kill(p)
-                kills.append(KillRecord(index, p.slot, p.prefix, _db_now(engine), held))
+                killed_at = _patiently(engine, lambda: _db_now(engine))
+                kills.append(KillRecord(index, p.slot, p.prefix, killed_at, held))
             elif fault.kind == "stop":
                 harness.pause(p)
                 timers.append((now + fault.duration, "cont", p))
@@ -478,7 +590,7 @@ def run_chaos(
                 record["parked"] = held
                 record["at_actual"] = round(now - t0, 3)
                 if p.role == "launch":
-                    record["db_time"] = _db_now(engine).isoformat()
+                    record["db_time"] = _patiently(engine, lambda: _db_now(engine)).isoformat()
                 injected.append(record)
                 timers.append((now + fault.duration, f"unpark:{point}", p))
                 say(f"fault {record['index']} {fault.kind}: {p.slot} stopped at {point} {held}")
@@ -503,8 +615,17 @@ def run_chaos(
                 else:
                     harness.restore(p)
             supervise_workers(now)
-            supervise_jobs(now)
-            if not queue and not timers and not parks:
+            try:
+                supervise_jobs(now)
+            except Exception as exc:
+                if not _transient(engine, exc):
+                    raise
+                if not outage_warned[0]:  # the database is away (a fault of its own): next tick
+                    say(f"the database is unavailable; waiting ({type(exc).__name__})")
+                    outage_warned[0] = True
+            else:
+                outage_warned[0] = False
+            if not queue and not timers and not parks and not runner.busy():
                 if deadline is None:
                     deadline = now + settle_timeout
                     say("faults over; waiting for the jobs to complete")
@@ -515,6 +636,7 @@ def run_chaos(
                     break
             time.sleep(0.05)
         settled_at = time.monotonic()
+        runner.close()  # nothing is queued by now; a rejoin in progress ends first
         # Quiescence: let the workers' last writes land, then stop them gracefully.
         for p in workers.values():
             harness.terminate(p)
@@ -524,12 +646,15 @@ def run_chaos(
             except Exception:  # noqa: BLE001 - killed by close()
                 pass
         observer.stop()
-        report = check_invariants(
+        report = _patiently(
             engine,
-            refs,
-            removed_at={k: v.first_absent for k, v in observer.nodes.items()},
-            last_seen={k: v.last_seen for k, v in observer.nodes.items()},
-            since=since,
+            lambda: check_invariants(
+                engine,
+                refs,
+                removed_at={k: v.first_absent for k, v in observer.nodes.items()},
+                last_seen={k: v.last_seen for k, v in observer.nodes.items()},
+                since=since,
+            ),
         )
         applied = [r for r in injected if "skipped" not in r]
         recoveries = []
@@ -546,6 +671,40 @@ def run_chaos(
                 }
             )
         takeovers = _takeovers(engine, refs, injected)
+        db_applied = [r for r in applied if r["kind"] in DB_KINDS]
+        node_applied = [r for r in applied if r["kind"] not in DB_KINDS]
+        outcomes = {
+            f"job {j} ({refs[j].job})": {
+                "executions": _execution_statuses(repository, refs[j]),
+                "relaunches": relaunched[j],
+            }
+            for j in range(jobs)
+        }
+        logs = scan_logs(sorted(Path(workdir).glob("*.log")))
+        logs["outages"] = len(db_applied)
+        if db_applied:
+            logs["errors_per_outage"] = round(logs["errors"] / len(db_applied), 1)
+            logs["tracebacks_per_outage"] = round(logs["tracebacks"] / len(db_applied), 1)
+        # Enforced where the database's faults are the only ones: a restart must cost nothing.
+        enforced = bool(db_applied) and not node_applied
+        extra: dict[str, dict[str, Any]] = {
+            "first_execution": {
+                "statement": "every job COMPLETED in its first execution, launched once",
+                "violations": first_execution_check(outcomes),
+            },
+            "quiet_logs": {
+                "statement": "no ERROR line and no traceback in the node logs",
+                "violations": [
+                    f"{name}: {c['errors']} ERROR line(s), {c['tracebacks']} traceback(s)"
+                    for name, c in logs["per_file"].items()
+                    if c["errors"] or c["tracebacks"]
+                ],
+            },
+        }
+        for inv in extra.values():
+            inv["held"] = not inv["violations"]
+            inv["enforced"] = enforced
+        db_commands_failed = [r["index"] for r in db_applied if not r.get("ok")]
         summary = {
             "ok": report.ok,
             "url": safe_url(url),
@@ -578,15 +737,38 @@ def run_chaos(
             "plan": [asdict(f) for f in plan],
             "faults": injected,
             "workdir": str(workdir),
+            "urls": [safe_url(u) for u in urls],
+            "launch_exit_codes": dict(Counter(str(c) for c in launch_exits)),
+            "job_executions": {k: v["executions"] for k, v in outcomes.items()},
+            "db_faults": db_applied,
+            "db_fault_commands_failed": db_commands_failed,
+            "logs": logs,
             **report.as_dict(),
         }
-        summary["ok"] = report.ok
+        summary["invariants"].update(extra)
+        summary["ok"] = (
+            report.ok
+            and not db_commands_failed
+            and all(inv["held"] or not inv["enforced"] for inv in extra.values())
+        )
         return summary
     finally:
+        runner.close(timeout=COMMAND_TIMEOUT_S)
         if observer._thread.is_alive():
             observer.stop()
         harness.close()
         engine.dispose()
+
+
+def _execution_statuses(repository: Any, ref: Any) -> list[str]:
+    """The statuses of the job's executions, oldest first."""
+    from dbcluster.batch.parameters import JobParameters
+
+    instance = repository.get_job_instance(ref.job, JobParameters.parse(ref.params))
+    if instance is None:
+        return []
+    executions = sorted(repository.get_job_executions(instance), key=lambda e: e.id)
+    return [e.status.value for e in executions]
 
 
 def format_summary(s: dict[str, Any]) -> str:
@@ -595,7 +777,11 @@ def format_summary(s: dict[str, Any]) -> str:
         f"{s['nodes']} nodes, {s['jobs']} jobs, {s['faults_injected']}/{s['faults_planned']} "
         f"faults injected in {s['elapsed_s']} s",
         "faults by kind: "
-        + ", ".join(f"{k} {s['faults_by_kind'].get(k, 0)}" for k in KINDS)
+        + ", ".join(
+            f"{k} {s['faults_by_kind'].get(k, 0)}"
+            for k in ALL_KINDS
+            if k in KINDS or k in s["faults_by_kind"]
+        )
         + f"  (on masters: {s['faults_by_role'].get('master', 0)}; cut: {s['cut_method']})",
         f"partitions {s['partitions']}, runs {s['partitions_run']}, re-runs {s['reruns']}, "
         f"job restarts {s['job_restarts']}, abandoned executions {s['abandoned_executions']}"
@@ -617,6 +803,32 @@ def format_summary(s: dict[str, Any]) -> str:
             f"  takeover of execution {t['job_execution_id']} (epoch {t['epoch']}) by "
             f"{t['to_node']}{after} fault #{t['fault']} ({t['fault_kind']}) on {t['from_node']}"
         )
+    for d in s.get("db_faults", []):
+        took = ""
+        if "ended_s" in d:
+            took = f", {d['ended_s'] - d['started_s']:.1f} s"
+        state = "ok" if d.get("ok") else "COMMAND FAILED"
+        lines.append(
+            f"  database fault #{d['index']} {d['kind']} on {d['applied_to']} at "
+            f"{d.get('started_s', d['at_actual'])} s ({state}{took})"
+        )
+    if s.get("launch_exit_codes"):
+        codes = ", ".join(f"{k}: {v}" for k, v in sorted(s["launch_exit_codes"].items()))
+        lines.append(f"launch processes ended with exit status (status: count) {codes}")
+    logs = s.get("logs")
+    if logs is not None:
+        per = ""
+        if logs.get("outages"):
+            per = (
+                f" ({logs['errors_per_outage']} ERROR lines and "
+                f"{logs['tracebacks_per_outage']} tracebacks per database outage)"
+            )
+        lines.append(
+            f"node logs: {logs['errors']} ERROR lines, {logs['tracebacks']} tracebacks, "
+            f"{logs['warnings']} WARNING lines{per}"
+        )
+        for top in logs["top_errors"][:5]:
+            lines.append(f"    {top['count']} x {top['message']}")
     for r in s["recovery_after_kill"]:
         got = "n/a" if r["recovery_s"] is None else f"{r['recovery_s']:.2f} s"
         lines.append(
@@ -626,15 +838,43 @@ def format_summary(s: dict[str, Any]) -> str:
         )
     for key, inv in s["invariants"].items():
         mark = "held" if inv["held"] else "VIOLATED"
+        if not inv.get("enforced", True):
+            mark += " (reported, not enforced: node faults mixed in, or no database fault)"
         lines.append(f"invariant {key} {mark}: {inv['statement']}")
         for v in inv["violations"][:10]:
             lines.append(f"    {v}")
+    if s.get("db_fault_commands_failed"):
+        lines.append(
+            f"database fault command(s) failed: faults {s['db_fault_commands_failed']} "
+            "(the run proves nothing about them)"
+        )
     lines.append("OK: every invariant held" if s["ok"] else "FAILED: an invariant was violated")
     return "\n".join(lines)
 
 
+def _kinds_option(value: str | None) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    kinds = tuple(k.strip() for k in value.split(",") if k.strip())
+    unknown = [k for k in kinds if k not in ALL_KINDS]
+    if unknown or not kinds:
+        raise click.BadParameter(
+            f"unknown kind(s) {', '.join(unknown) or '(none)'}; known: {', '.join(ALL_KINDS)}"
+        )
+    return kinds
+
+
 @click.command("chaos")
-@click.option("--url", envvar="DBCLUSTER_URL", required=True, help="A scratch database URL.")
+@click.option(
+    "--url",
+    "urls",
+    envvar="DBCLUSTER_URL",
+    required=True,
+    multiple=True,
+    help="A scratch database URL. Give it once per server to spread the nodes over the "
+    "servers of one cluster (Galera nodes): worker i and job j's master use URL i (or j) "
+    "modulo their number; the run's own checks use the first.",
+)
 @click.option("--nodes", type=click.IntRange(min=1), default=4, show_default=True)
 @click.option("--jobs", type=click.IntRange(min=1), default=5, show_default=True)
 @click.option("--faults", type=click.IntRange(min=0), default=20, show_default=True)
@@ -658,9 +898,52 @@ def format_summary(s: dict[str, Any]) -> str:
     help="Partitions each node runs at once (few slots and short partitions: slots hand "
     "themselves on, partition after partition).",
 )
+@click.option(
+    "--kinds",
+    callback=lambda _ctx, _param, value: _kinds_option(value),
+    help=f"Comma-separated fault kinds to plan, of: {', '.join(ALL_KINDS)} (default: the "
+    "node kinds, and each database kind whose command is given).",
+)
+@click.option(
+    "--db-restart",
+    metavar="COMMAND",
+    help="Kind dbrestart: a command that restarts the database and returns once it takes "
+    "writes again, e.g. 'ci/ha.sh pg restart 3'.",
+)
+@click.option(
+    "--db-crash",
+    metavar="COMMAND",
+    help="Kind dbcrash: a command that crashes the database (kill -9, or stop -m immediate) "
+    "and starts it again, e.g. 'ci/ha.sh pg crash 3'.",
+)
+@click.option(
+    "--db-switchover",
+    metavar="COMMAND",
+    help="Kind switchover: a command that moves the primary to a standby (nodes reach it "
+    "through a multi-host URL), e.g. 'ci/ha.sh pg switchover --rebuild'.",
+)
+@click.option(
+    "--db-kill",
+    metavar="COMMAND",
+    help="Kind galera-kill: a command that kills the server of URL {node} (1-based; never "
+    "the first), e.g. 'ci/ha.sh galera kill {node}'.",
+)
+@click.option(
+    "--db-rejoin",
+    metavar="COMMAND",
+    help="With --db-kill: a command that starts server {node} again and returns once it has "
+    "rejoined, e.g. 'ci/ha.sh galera rejoin {node}'.",
+)
+@click.option(
+    "--node-env",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="A setting for every node process (e.g. DBCLUSTER_CLEANUP_THRESHOLD=20000), over the "
+    "run's short defaults.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def chaos(
-    url: str,
+    urls: tuple[str, ...],
     nodes: int,
     jobs: int,
     faults: int,
@@ -671,6 +954,13 @@ def chaos(
     workdir: str | None,
     target: str,
     concurrency: int,
+    kinds: tuple[str, ...] | None,
+    db_restart: str | None,
+    db_crash: str | None,
+    db_switchover: str | None,
+    db_kill: str | None,
+    db_rejoin: str | None,
+    node_env: tuple[str, ...],
     as_json: bool,
 ) -> None:
     """Run nodes on URL, inject seeded faults, check every invariant (exit 0 only if all held).
@@ -681,8 +971,22 @@ def chaos(
     def say(message: str) -> None:
         click.echo(f"chaos: {message}", err=True)
 
+    env = {"DBCLUSTER_CONCURRENCY_LIMIT": str(concurrency)}
+    for item in node_env:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise click.BadParameter(f"{item!r} is not NAME=VALUE", param_hint="--node-env")
+        env[name] = value
+    control = DbControl(db_restart, db_crash, db_switchover, db_kill, db_rejoin)
+    missing = control.missing(kinds or ())
+    if missing:
+        raise click.UsageError("; ".join(missing))
+    if kinds and "galera-kill" in kinds and len(urls) < 2:
+        raise click.UsageError(
+            "galera-kill needs --url once per Galera node (it never kills the first)"
+        )
     summary = run_chaos(
-        url,
+        list(urls),
         nodes=nodes,
         jobs=jobs,
         faults=faults,
@@ -693,7 +997,9 @@ def chaos(
         workdir=workdir,
         log=say,
         target=target,
-        env={"DBCLUSTER_CONCURRENCY_LIMIT": str(concurrency)},
+        env=env,
+        kinds=kinds,
+        db_control=control,
     )
     click.echo(json.dumps(summary, default=str, indent=2) if as_json else format_summary(summary))
     sys.exit(0 if summary["ok"] else 1)
