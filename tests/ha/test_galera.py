@@ -1,0 +1,106 @@
+"""Three MariaDB Galera nodes: the cluster tests and the conformance suite on one node, and chaos
+with the workers spread over the three nodes while one of them is killed and rejoined
+(issue 34)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from ha_topology import (
+    CLASSIC,
+    CLUSTER_TESTS,
+    ha_command,
+    inner_env,
+    passed_count,
+    run_pytest,
+    scratch_database,
+    violated,
+)
+
+from dbcluster.testing.chaos import run_chaos
+from dbcluster.testing.dbfaults import DbControl
+
+pytestmark = pytest.mark.ha
+
+
+def _urls(galera: dict[str, str], database: str) -> list[str]:
+    from sqlalchemy.engine import make_url
+
+    return [
+        make_url(galera[f"HA_GALERA_URL_{n}"]).set(database=database).render_as_string(False)
+        for n in (1, 2, 3)
+    ]
+
+
+def test_the_cluster_tests_pass_on_a_galera_node(galera: dict[str, str]) -> None:
+    env = inner_env(DBCLUSTER_TEST_MARIADB_URL=galera["HA_GALERA_URL_1"])
+    code, out = run_pytest([*CLUSTER_TESTS, "-k", "mariadb"], env, timeout=1800)
+    assert code == 0, out[-6000:]
+    assert passed_count(out) > 0, out[-2000:]
+
+
+def test_the_conformance_suite_passes_on_a_galera_node(galera: dict[str, str]) -> None:
+    url = galera["HA_GALERA_URL_2"]
+    code, out = run_pytest(
+        ["--pyargs", "dbcluster.testing.suite", "--dbcluster-url", url], inner_env(), 1200
+    )
+    assert code == 0, out[-6000:]
+    assert passed_count(out) > 0, out[-2000:]
+
+
+def _chaos(galera: dict[str, str], seed: int, kinds: tuple[str, ...], faults: int, tmp: Any):
+    database = scratch_database(galera["HA_GALERA_URL_1"], "hachaos").rsplit("/", 1)[1]
+    control = DbControl(
+        kill=ha_command("galera", "kill", "{node}"),
+        rejoin=ha_command("galera", "rejoin", "{node}"),
+    )
+    return run_chaos(
+        _urls(galera, database),
+        nodes=3,
+        jobs=4,
+        faults=faults,
+        seed=seed,
+        kinds=kinds,
+        db_control=control,
+        workdir=tmp,
+        settle_timeout=240,
+    )
+
+
+@pytest.fixture(scope="module")
+def kill_run(galera: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Workers on three nodes; two Galera node kills, each rejoined after a few seconds."""
+    return _chaos(galera, 1, ("galera-kill",), 2, tmp_path_factory.mktemp("galera-kill"))
+
+
+@pytest.fixture(scope="module")
+def mixed_run(galera: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """A Galera node killed and rejoined, with node kills and cut connections mixed in."""
+    kinds = ("galera-kill", "kill", "cut")
+    return _chaos(galera, 2, kinds, 3, tmp_path_factory.mktemp("galera-mixed"))
+
+
+def test_workers_are_spread_over_the_three_nodes(kill_run: dict) -> None:
+    assert len(kill_run["urls"]) == 3
+    assert len(set(kill_run["urls"])) == 3
+
+
+def test_a_galera_node_killed_and_rejoined_keeps_every_invariant(kill_run: dict) -> None:
+    assert kill_run["faults_by_kind"] == {"galera-kill": 2}
+    assert not kill_run["db_fault_commands_failed"]
+    assert violated(kill_run, CLASSIC) == {}
+
+
+def test_a_galera_node_kill_completes_every_job_in_its_first_execution(kill_run: dict) -> None:
+    inv = kill_run["invariants"]["first_execution"]
+    assert inv["enforced"]
+    assert inv["held"], (inv["violations"], kill_run["restart_causes"])
+
+
+def test_a_galera_node_kill_mixed_with_node_faults_keeps_the_usual_invariants(
+    mixed_run: dict,
+) -> None:
+    assert "galera-kill" in mixed_run["faults_by_kind"]
+    assert not mixed_run["db_fault_commands_failed"]
+    assert violated(mixed_run, CLASSIC) == {}
