@@ -8,6 +8,8 @@
 #                                     -m immediate), wait DOWN_S, start it (crash recovery)
 #   ci/ha.sh pg switchover [--rebuild] stop the primary, promote the standby; --rebuild makes the
 #                                     old primary a standby of the new one (fresh pg_basebackup)
+#   ci/ha.sh pg failover [--rebuild]  an unplanned failover: kill -9 the primary, promote the
+#                                     standby (asynchronous replication loses what was not sent)
 #   ci/ha.sh pg rebuild               make the server that is not the primary its standby again
 #   ci/ha.sh pg down | status | urls
 #   ci/ha.sh galera up                three MariaDB Galera nodes (galera-4, rsync SST)
@@ -333,6 +335,37 @@ pg_switchover() {  # pg_switchover [--rebuild]
     done_in "pg switchover"
 }
 
+# An unplanned failover: the primary is killed (kill -9 of its postmaster and children, as a
+# machine loss would), the standby promoted with whatever it had received. Asynchronous
+# replication loses here what the primary had acknowledged and not yet sent.
+pg_failover() {  # pg_failover [--rebuild]
+    local rebuild=0 old new pm children
+    for arg in "$@"; do
+        case $arg in
+            --rebuild) rebuild=1 ;;
+            *) die "pg failover: unknown option $arg" ;;
+        esac
+    done
+    old=$(pg_primary) || die "pg failover: no primary is running"
+    new=$(pg_other "$old")
+    pg_is_standby "$(pg_port_of "$new")" || die "pg failover: $new is not a running standby"
+    pm=$(head -n 1 "$(pg_datadir "$old")/postmaster.pid")
+    children=$(ps -o pid= --ppid "$pm" || true)
+    kill -9 "$pm"
+    # shellcheck disable=SC2086 # a list of pids
+    [[ -z $children ]] || kill -9 $children 2>/dev/null || true
+    wait_for "the old primary's processes to end" pids_gone "$pm" $children
+    rm -f "$(pg_datadir "$old")/postmaster.pid"
+    pg_write_mode_conf "$new" async
+    pg_ctlcluster "$PG_VERSION" "$new" reload
+    pg_ctlcluster "$PG_VERSION" "$new" promote
+    wait_for "$new to accept writes" pg_is_primary "$(pg_port_of "$new")"
+    say "pg: failed over from $old (killed) to $new"
+    if (( rebuild )); then pg_rebuild_standby; fi
+    pg_urls
+    done_in "pg failover"
+}
+
 # Make the cluster that is not the primary a standby of it again (a fresh base backup), and
 # restore the pair's mode.
 pg_rebuild_standby() {
@@ -611,6 +644,7 @@ case "$topology:$action" in
     pg:restart) pg_restart "$@" ;;
     pg:crash) pg_crash "$@" ;;
     pg:switchover) pg_switchover "$@" ;;
+    pg:failover) pg_failover "$@" ;;
     pg:rebuild) pg_rebuild_standby; pg_urls; done_in "pg rebuild" ;;
     pg:status) pg_status ;;
     pg:urls) pg_urls ;;

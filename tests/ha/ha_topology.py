@@ -123,3 +123,18 @@ def violated(summary: dict, keys: list[str]) -> dict[str, list]:
     """The violations of the named invariants in a chaos summary (empty: all held)."""
     invariants = summary["invariants"]
     return {k: invariants[k]["violations"] for k in keys if not invariants[k]["held"]}
+
+
+#: Node thresholds above a database outage of these topologies (a restart here keeps the server
+#: away 4-8 s; a killed Galera node and its rejoin up to ~12 s): a node is judged only by its
+#: own silence, so an outage shorter than these must cost no job anything (issue 34).
+OUTLAST_PG = {"DBCLUSTER_UNREACHABLE_THRESHOLD": "10000", "DBCLUSTER_CLEANUP_THRESHOLD": "20000"}
+OUTLAST_GALERA = {
+    "DBCLUSTER_UNREACHABLE_THRESHOLD": "20000",
+    "DBCLUSTER_CLEANUP_THRESHOLD": "40000",
+}
+
+
+def failed_executions(summary: dict) -> dict[str, list[str]]:
+    """Jobs whose executions are not exactly one COMPLETED (a job failed and was restarted)."""
+    return {k: v for k, v in summary["job_executions"].items() if v != ["COMPLETED"]}
