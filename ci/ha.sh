@@ -52,6 +52,12 @@ T0=$(date +%s.%N)
 say() { echo "ha: $*" >&2; }
 die() { echo "ha: $*" >&2; exit 1; }
 elapsed() { awk -v a="$T0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
+# The outage a fault made: from just before the server went away to the first write it took.
+DOWN_AT=""
+went_down() { DOWN_AT=$(date +%s.%N); }
+came_back() {
+    say "$1: outage $(awk -v a="$DOWN_AT" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s"
+}
 done_in() { say "$1 done in $(elapsed) s"; }
 
 # wait_for WHAT COMMAND...: poll until COMMAND succeeds, or fail after HA_TIMEOUT seconds.
@@ -256,6 +262,7 @@ pg_down() {
 pg_restart() {  # pg_restart [DOWN_S]
     local down=${1:-0} p
     p=$(pg_primary) || die "pg restart: no primary is running"
+    went_down
     pg_ctlcluster "$PG_VERSION" "$p" stop -m fast
     say "pg: $p stopped (fast); down for ${down} s"
     sleep "$down"
@@ -273,6 +280,7 @@ pg_crash() {  # pg_crash [DOWN_S] [--immediate]
         esac
     done
     p=$(pg_primary) || die "pg crash: no primary is running"
+    went_down
     if [[ $how == immediate ]]; then
         pg_ctlcluster "$PG_VERSION" "$p" stop -m immediate
     else
@@ -304,6 +312,7 @@ pg_start_again() {
     pg_ctlcluster "$PG_VERSION" "$c" start
     wait_for "$c to accept connections" pg_ready "$port"
     wait_for "$c to accept writes" pg_is_primary "$port"
+    came_back "pg: $c"
     if pg_running "$(pg_other "$c")"; then
         wait_for "the standby to stream again" pg_streaming "$port"
     fi
@@ -321,6 +330,7 @@ pg_switchover() {  # pg_switchover [--rebuild]
     old=$(pg_primary) || die "pg switchover: no primary is running"
     new=$(pg_other "$old")
     pg_is_standby "$(pg_port_of "$new")" || die "pg switchover: $new is not a running standby"
+    went_down
     pg_ctlcluster "$PG_VERSION" "$old" stop -m fast
     # The standby has received everything the primary wrote until its fast shutdown; in sync
     # mode a promoted standby without a standby of its own would block every COMMIT: it runs
@@ -329,6 +339,7 @@ pg_switchover() {  # pg_switchover [--rebuild]
     pg_ctlcluster "$PG_VERSION" "$new" reload
     pg_ctlcluster "$PG_VERSION" "$new" promote
     wait_for "$new to accept writes" pg_is_primary "$(pg_port_of "$new")"
+    came_back "pg: switchover to $new"
     say "pg: switched over from $old to $new"
     if (( rebuild )); then pg_rebuild_standby; fi
     pg_urls
@@ -351,6 +362,7 @@ pg_failover() {  # pg_failover [--rebuild]
     pg_is_standby "$(pg_port_of "$new")" || die "pg failover: $new is not a running standby"
     pm=$(head -n 1 "$(pg_datadir "$old")/postmaster.pid")
     children=$(ps -o pid= --ppid "$pm" || true)
+    went_down
     kill -9 "$pm"
     # shellcheck disable=SC2086 # a list of pids
     [[ -z $children ]] || kill -9 $children 2>/dev/null || true
@@ -360,6 +372,7 @@ pg_failover() {  # pg_failover [--rebuild]
     pg_ctlcluster "$PG_VERSION" "$new" reload
     pg_ctlcluster "$PG_VERSION" "$new" promote
     wait_for "$new to accept writes" pg_is_primary "$(pg_port_of "$new")"
+    came_back "pg: failover to $new"
     say "pg: failed over from $old (killed) to $new"
     if (( rebuild )); then pg_rebuild_standby; fi
     pg_urls

@@ -10,19 +10,42 @@ summary. The exit status is 0 only when every invariant held.
 from __future__ import annotations
 
 import json
-import random
 import tempfile
 import time
 import uuid
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from datetime import datetime
+from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
+from dbcluster.testing.chaos_plan import (
+    ALL_KINDS,
+    DB_FAULT_SPACING_S,
+    JOB_NAMES,
+    KINDS,
+    MASTER_KINDS,
+    PARK_WAIT_S,
+    POINTS,
+    STEPPED_JOBS,
+    TARGETS,
+    WORKER_KINDS,
+    Fault,
+    launch_times,
+    plan_faults,
+)
+from dbcluster.testing.chaos_report import (
+    KillRecord,
+    _db_now,
+    _execution_statuses,
+    _held_transferable,
+    _recovery,
+    _takeovers,
+    format_summary,
+    held_transferable_statement,
+)
 from dbcluster.testing.dbfaults import (
     COMMAND_TIMEOUT_S,
     DB_KINDS,
@@ -32,155 +55,20 @@ from dbcluster.testing.dbfaults import (
     scan_logs,
 )
 
-if TYPE_CHECKING:  # the CLI imports this module: the test application loads only when run
-    from dbcluster.testing.rowmark import RowMark
-
-#: Fault kinds. ``freeze-tx``: a worker parked inside a chunk transaction (its partition row
-#: verifiably locked), then SIGSTOPped past the cleanup threshold. ``stop-between``: a master
-#: parked between two steps of its job, then SIGSTOPped past the cleanup threshold. ``blip``: only
-#: a master's connection cut, for less than the unreachable threshold.
-KINDS = ("kill", "stop", "term", "cut", "freeze-tx", "stop-between", "blip")
-#: Kinds that hit a job's master only.
-MASTER_KINDS = ("stop-between", "blip")
-#: Kinds that only make sense on a worker (a master's partitions run on the workers).
-WORKER_KINDS = ("term", "freeze-tx")
-#: Every kind a plan may use: the node kinds above and the database's own (dbfaults.py), which
-#: fall on the database whatever ``--target`` says.
-ALL_KINDS = KINDS + DB_KINDS
-#: Seconds between two database faults of a plan, at least (a restart takes several).
-DB_FAULT_SPACING_S = 12.0
-#: ``--target``: which processes the faults fall on (``any``: workers and masters, mixed).
-TARGETS = ("any", "masters", "workers")
-JOB_NAMES = ("ledger-steps", "ledger-mixed", "ledger-fixed", "ledger")
-#: Jobs whose master runs a step after the partitioned one (``stop-between`` needs one).
-STEPPED_JOBS = ("ledger-steps",)
-
-
-@dataclass(frozen=True)
-class Fault:
-    """One planned fault: ``at`` seconds after the first job launch, on slot ``target`` (``w<i>``
-    a worker, ``m<j>`` the master of job ``j``, ``db`` the database, ``db<k>`` the server of
-    the k-th URL), lasting ``duration`` s (stop, cut, and a Galera node's time down)."""
-
-    at: float
-    kind: str
-    target: str
-    duration: float = 0.0
-
-
-#: The fault point each parking kind arms.
-POINTS = {"freeze-tx": "chunk.before_commit", "stop-between": "master.between_steps"}
-#: Seconds the harness waits for an armed fault point to be reached (a master reaches the end of
-#: its partitioned step only once every partition has run).
-PARK_WAIT_S = {"chunk.before_commit": 8.0, "master.between_steps": 25.0}
-
-
-def launch_times(jobs: int, window: float) -> list[float]:
-    return [round(j * window / max(1, jobs), 3) for j in range(jobs)]
-
-
-def plan_faults(
-    seed: int,
-    faults: int,
-    nodes: int,
-    jobs: int,
-    *,
-    window: float,
-    cleanup_ms: int,
-    unreachable_ms: int,
-    on: str = "any",
-    kinds: Sequence[str] | None = None,
-    db_nodes: int = 1,
-) -> list[Fault]:
-    """The fault plan: a pure function of its arguments. Every kind appears once before any
-    repeats (when ``faults`` >= the number of kinds); about a quarter of kills and stops hit a
-    job's master. ``on="masters"`` puts every fault on a master (the kinds a master can
-    take), ``"workers"`` every fault on a worker.
-
-    ``kinds`` (default: the node kinds, :data:`KINDS`) chooses the kinds; database kinds fall
-    on the database whatever ``on`` says, at least :data:`DB_FAULT_SPACING_S` apart where the
-    window allows, and ``galera-kill`` on one of the servers ``2..db_nodes`` (the first URL is
-    the run's own, for its checks)."""
-    if on not in TARGETS:
-        raise ValueError(f"faults fall on one of {', '.join(TARGETS)}, not {on!r}")
-    chosen = tuple(kinds) if kinds is not None else KINDS
-    unknown = [k for k in chosen if k not in ALL_KINDS]
-    if unknown or not chosen:
-        raise ValueError(
-            f"unknown fault kind(s) {', '.join(unknown) or '(none given)'}; "
-            f"known: {', '.join(ALL_KINDS)}"
-        )
-    if "galera-kill" in chosen and db_nodes < 2:
-        raise ValueError("galera-kill needs at least two database URLs (it never kills the first)")
-    pool = {
-        "any": chosen,
-        "masters": tuple(k for k in chosen if k not in WORKER_KINDS),
-        "workers": tuple(k for k in chosen if k not in MASTER_KINDS),
-    }[on]
-    if not pool:
-        raise ValueError(f"none of the kinds {', '.join(chosen)} can fall on {on}")
-    rng = random.Random(seed)
-    kinds = list(pool)
-    rng.shuffle(kinds)
-    while len(kinds) < faults:
-        kinds.append(rng.choice(pool))
-    kinds = kinds[:faults]
-    starts = launch_times(jobs, window)
-    stepped = [j for j in range(jobs) if JOB_NAMES[j % len(JOB_NAMES)] in STEPPED_JOBS]
-    master_hit = False
-    plan: list[Fault] = []
-    db_total = sum(k in DB_KINDS for k in kinds)
-    db_seen = 0
-    for kind in kinds:
-        if kind in DB_KINDS:
-            # Spread over the window, one slot each (a command runs only after the last ends).
-            slot = max(window / db_total, min(DB_FAULT_SPACING_S, window))
-            at = 1.0 + db_seen * slot + rng.uniform(0.0, slot * 0.4)
-            db_seen += 1
-            target, duration = "db", 0.0
-            if kind == "galera-kill":
-                target, duration = f"db{rng.randint(2, db_nodes)}", rng.uniform(2.0, 6.0)
-            plan.append(Fault(round(at, 3), kind, target, round(duration, 3)))
-            continue
-        to_master = kind in MASTER_KINDS or (
-            kind in ("kill", "stop", "cut")
-            and (rng.random() < 0.25 or (kind == "kill" and not master_hit))
-        )
-        if on != "any":
-            to_master = on == "masters"
-        if kind == "stop-between" and not stepped:
-            kind = "stop"
-            to_master = on == "masters"
-        if to_master and jobs > 0:
-            master_hit = master_hit or kind == "kill"
-            j = rng.choice(stepped) if kind == "stop-between" else rng.randrange(jobs)
-            # A master is parked between steps once its partitioned step is over.
-            lead = (0.5, 1.5) if kind == "stop-between" else (1.5, 3.0)
-            target, at = f"m{j}", starts[j] + rng.uniform(*lead)
-        else:
-            target, at = f"w{rng.randrange(nodes)}", rng.uniform(1.0, window)
-        duration = 0.0
-        if kind in ("stop", "freeze-tx", "stop-between"):
-            duration = cleanup_ms / 1000 * rng.uniform(1.3, 1.8)
-        elif kind == "blip":
-            duration = unreachable_ms / 1000 * rng.uniform(0.2, 0.6)
-        elif kind == "cut":
-            if rng.random() < 0.4:  # a blip shorter than the unreachable threshold
-                duration = unreachable_ms / 1000 * rng.uniform(0.2, 0.6)
-            else:
-                duration = cleanup_ms / 1000 * rng.uniform(1.3, 1.8)
-        plan.append(Fault(round(at, 3), kind, target, round(duration, 3)))
-    plan.sort(key=lambda f: f.at)
-    return plan
-
-
-@dataclass
-class KillRecord:
-    fault: int
-    target: str
-    prefix: str
-    db_time: datetime
-    held: list[tuple[int, int]]  # (step execution id, attempt) of transferable in-flight rows
+#: The plan and the report live in chaos_plan and chaos_report; their names stay importable here.
+__all__ = [
+    "ALL_KINDS",
+    "KINDS",
+    "MASTER_KINDS",
+    "TARGETS",
+    "WORKER_KINDS",
+    "Fault",
+    "chaos",
+    "format_summary",
+    "held_transferable_statement",
+    "plan_faults",
+    "run_chaos",
+]
 
 
 def _transient(engine: Any, error: BaseException) -> bool:
@@ -202,123 +90,6 @@ def _patiently(engine: Any, read: Any, timeout: float = 120.0) -> Any:
             if not _transient(engine, exc) or time.monotonic() >= deadline:
                 raise
             time.sleep(0.2)
-
-
-def _db_now(engine: Any) -> datetime:
-    from dbcluster.dialects import get_provider
-
-    with engine.connect() as conn:
-        return conn.execute(get_provider(engine).select_now()).scalar_one()
-
-
-def held_transferable_statement(prefix: str) -> Any:
-    """The in-flight transferable partitions held by the nodes whose ids start ``prefix-``."""
-    from sqlalchemy import select
-
-    from dbcluster.dialects.base import PARTITION_IN_FLIGHT
-    from dbcluster.schema import partitions
-
-    return select(partitions.c.step_execution_id, partitions.c.attempt).where(
-        partitions.c.assigned_node.like(f"{prefix}-%"),
-        partitions.c.status.in_(PARTITION_IN_FLIGHT),
-        # A bound flag: "IS true" is no SQL on Oracle (SMALLINT flags) or SQL Server.
-        partitions.c.transferable == True,  # noqa: E712
-    )
-
-
-def _held_transferable(engine: Any, prefix: str) -> list[tuple[int, int]]:
-    with engine.connect() as conn:
-        rows = conn.execute(held_transferable_statement(prefix)).all()
-    return [(r[0], r[1]) for r in rows]
-
-
-def _recovery(engine: Any, kill: KillRecord, since: RowMark) -> float | None:
-    """Seconds from the kill until the last of the killed node's transferable partitions was
-    running elsewhere (its next attempt committed its first chunk); None if none was held or one
-    never ran again (its job was abandoned, or it had already completed)."""
-    from sqlalchemy import func, select
-
-    from dbcluster.testing.app import runs
-
-    if not kill.held:
-        return None
-    latest: datetime | None = None
-    with engine.connect() as conn:
-        for step_id, attempt in kill.held:
-            started = conn.execute(
-                select(func.min(runs.c.started)).where(
-                    runs.c.step_execution_id == step_id,
-                    runs.c.attempt > attempt,
-                    since.after(runs),
-                )
-            ).scalar()
-            if started is None:
-                return None
-            latest = started if latest is None or started > latest else latest
-    assert latest is not None
-    return round(
-        (latest.replace(tzinfo=None) - kill.db_time.replace(tzinfo=None)).total_seconds(), 3
-    )
-
-
-def _cause(faults: list[dict[str, Any]], lost: str, at: datetime) -> dict[str, Any] | None:
-    """The fault that cost ``lost`` its mastership at ``at``: the last one applied to its process
-    before then (a process that lost a job's mastership may follow the job and take later
-    faults; a skipped fault did nothing)."""
-    for fault in reversed(faults):
-        if "skipped" in fault or "db_time" not in fault or not fault.get("prefix"):
-            continue
-        applied = datetime.fromisoformat(fault["db_time"]).replace(tzinfo=None)
-        if lost.startswith(f"{fault['prefix']}-") and applied <= at:
-            return fault
-    return None
-
-
-def _takeovers(engine: Any, refs: list[Any], faults: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every master takeover of these jobs' executions: who took over from whom, when, and how
-    long after the fault that hit the lost master (on the database clock)."""
-    from sqlalchemy import select
-
-    from dbcluster.batch.parameters import JobParameters
-    from dbcluster.batch.repository import JobRepository
-    from dbcluster.schema import job_masters
-
-    repository = JobRepository(engine)
-    out: list[dict[str, Any]] = []
-    for ref in refs:
-        instance = repository.get_job_instance(ref.job, JobParameters.parse(ref.params))
-        if instance is None:
-            continue
-        for execution in repository.get_job_executions(instance):
-            with engine.connect() as conn:
-                rows = conn.execute(
-                    select(job_masters)
-                    .where(job_masters.c.job_execution_id == execution.id)
-                    .order_by(job_masters.c.master_epoch)
-                ).all()
-            for before, row in zip(rows, rows[1:], strict=False):
-                if row.reason != "takeover":
-                    continue
-                lost = str(before.master_node)
-                fault = _cause(faults, lost, row.since.replace(tzinfo=None))
-                since_fault = None
-                if fault is not None:
-                    began = datetime.fromisoformat(fault["db_time"])
-                    since_fault = round((row.since.replace(tzinfo=None) - began).total_seconds(), 3)
-                out.append(
-                    {
-                        "job": ref.job,
-                        "job_execution_id": execution.id,
-                        "epoch": int(row.master_epoch),
-                        "from_node": lost,
-                        "to_node": row.master_node,
-                        "at": row.since.isoformat(),
-                        "fault": None if fault is None else fault["index"],
-                        "fault_kind": None if fault is None else fault["kind"],
-                        "seconds_after_fault": since_fault,
-                    }
-                )
-    return out
 
 
 def run_chaos(
@@ -758,98 +529,6 @@ def run_chaos(
             observer.stop()
         harness.close()
         engine.dispose()
-
-
-def _execution_statuses(repository: Any, ref: Any) -> list[str]:
-    """The statuses of the job's executions, oldest first."""
-    from dbcluster.batch.parameters import JobParameters
-
-    instance = repository.get_job_instance(ref.job, JobParameters.parse(ref.params))
-    if instance is None:
-        return []
-    executions = sorted(repository.get_job_executions(instance), key=lambda e: e.id)
-    return [e.status.value for e in executions]
-
-
-def format_summary(s: dict[str, Any]) -> str:
-    lines = [
-        f"chaos on {s['backend']} ({s['url']}), seed {s['seed']}: "
-        f"{s['nodes']} nodes, {s['jobs']} jobs, {s['faults_injected']}/{s['faults_planned']} "
-        f"faults injected in {s['elapsed_s']} s",
-        "faults by kind: "
-        + ", ".join(
-            f"{k} {s['faults_by_kind'].get(k, 0)}"
-            for k in ALL_KINDS
-            if k in KINDS or k in s["faults_by_kind"]
-        )
-        + f"  (on masters: {s['faults_by_role'].get('master', 0)}; cut: {s['cut_method']})",
-        f"partitions {s['partitions']}, runs {s['partitions_run']}, re-runs {s['reruns']}, "
-        f"job restarts {s['job_restarts']}, abandoned executions {s['abandoned_executions']}"
-        f" (faults on: {s.get('target', 'any')}; launches repeated before their execution"
-        f" existed: {s.get('relaunches_before_start', 0)})",
-        f"duplicate non-transferable effects {s['duplicate_non_transferable_effects']}, "
-        f"lost partitions {s['lost_partitions']}, stuck jobs {s['stuck_jobs']}",
-    ]
-    for c in s.get("restart_causes", []):
-        lines.append(
-            f"  restart of job {c['job']}: execution {c['job_execution_id']} ended {c['status']} "
-            f"({c['exit_code']}: {c['exit_description'][:120]})"
-        )
-    for t in s.get("takeovers", []):
-        after = (
-            "" if t["seconds_after_fault"] is None else f" {t['seconds_after_fault']:.2f} s after"
-        )
-        lines.append(
-            f"  takeover of execution {t['job_execution_id']} (epoch {t['epoch']}) by "
-            f"{t['to_node']}{after} fault #{t['fault']} ({t['fault_kind']}) on {t['from_node']}"
-        )
-    for d in s.get("db_faults", []):
-        took = ""
-        if "ended_s" in d:
-            took = f", {d['ended_s'] - d['started_s']:.1f} s"
-        state = "ok" if d.get("ok") else "COMMAND FAILED"
-        lines.append(
-            f"  database fault #{d['index']} {d['kind']} on {d['applied_to']} at "
-            f"{d.get('started_s', d['at_actual'])} s ({state}{took})"
-        )
-    if s.get("launch_exit_codes"):
-        codes = ", ".join(f"{k}: {v}" for k, v in sorted(s["launch_exit_codes"].items()))
-        lines.append(f"launch processes ended with exit status (status: count) {codes}")
-    logs = s.get("logs")
-    if logs is not None:
-        per = ""
-        if logs.get("outages"):
-            per = (
-                f" ({logs['errors_per_outage']} ERROR lines and "
-                f"{logs['tracebacks_per_outage']} tracebacks per database outage)"
-            )
-        lines.append(
-            f"node logs: {logs['errors']} ERROR lines, {logs['tracebacks']} tracebacks, "
-            f"{logs['warnings']} WARNING lines{per}"
-        )
-        for top in logs["top_errors"][:5]:
-            lines.append(f"    {top['count']} x {top['message']}")
-    for r in s["recovery_after_kill"]:
-        got = "n/a" if r["recovery_s"] is None else f"{r['recovery_s']:.2f} s"
-        lines.append(
-            f"  kill #{r['fault']} {r['target']}: {r['transferable_partitions_held']} transferable "
-            f"partition(s) held, running elsewhere after {got} "
-            f"(floor cleanup+orphan check = {r['floor_s']:.2f} s)"
-        )
-    for key, inv in s["invariants"].items():
-        mark = "held" if inv["held"] else "VIOLATED"
-        if not inv.get("enforced", True):
-            mark += " (reported, not enforced: node faults mixed in, or no database fault)"
-        lines.append(f"invariant {key} {mark}: {inv['statement']}")
-        for v in inv["violations"][:10]:
-            lines.append(f"    {v}")
-    if s.get("db_fault_commands_failed"):
-        lines.append(
-            f"database fault command(s) failed: faults {s['db_fault_commands_failed']} "
-            "(the run proves nothing about them)"
-        )
-    lines.append("OK: every invariant held" if s["ok"] else "FAILED: an invariant was violated")
-    return "\n".join(lines)
 
 
 def _kinds_option(value: str | None) -> tuple[str, ...] | None:
