@@ -10,7 +10,9 @@
 #   ci/ha-baseline.sh galera  [RUNS]    Galera chaos with node kills, workers on all three nodes
 #
 # Needs the topology up (ci/ha.sh pg up / galera up) and the project installed (dbcluster on
-# PATH). OUT defaults to /tmp/dbcluster-ha-baseline.
+# PATH). OUT defaults to /tmp/dbcluster-ha-baseline. CHAOS_ARGS adds options to every chaos run
+# (e.g. "--node-env DBCLUSTER_UNREACHABLE_THRESHOLD=10000 --node-env
+# DBCLUSTER_CLEANUP_THRESHOLD=20000": thresholds above the outage), TAG names such a series.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/dbcluster-ha-baseline}
@@ -43,8 +45,12 @@ print(
 EOF
 }
 
+# CHAOS_ARGS: more options for every chaos run (e.g. --node-env settings); TAG: a suffix for the
+# result files' names.
 chaos_run() {  # chaos_run NAME ARGS...: one chaos run, its JSON in OUT/NAME.json
-    local name=$1; shift
+    local name=$1${TAG:+-$TAG}; shift
+    # shellcheck disable=SC2086 # CHAOS_ARGS is a list of options
+    set -- "$@" ${CHAOS_ARGS:-}
     local work="$OUT/$name.work"
     rm -rf "$work"
     set +e

@@ -274,7 +274,9 @@ class Harness:
         digits = "".join(c for c in slot if c.isdigit())
         return self.node_urls[int(digits or 0) % len(self.node_urls)]
 
-    def _node_url(self, base: str) -> tuple[str, TcpProxy | None]:
+    def _node_url(self, base: str | None = None) -> tuple[str, TcpProxy | None]:
+        """The URL a node is given for ``base`` (default: the run's URL), and its proxy."""
+        base = self.url if base is None else base
         parsed = make_url(base)
         if self.cut_method != "tcp-proxy" or not parsed.host:
             # A libpq multi-host URL names its servers in the query: no proxy (cut in-process).
