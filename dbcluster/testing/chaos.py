@@ -510,7 +510,7 @@ def run_chaos(
             "workdir": str(workdir),
             "urls": [safe_url(u) for u in urls],
             "launch_exit_codes": dict(Counter(str(c) for c in launch_exits)),
-            "job_executions": {k: v["executions"] for k, v in outcomes.items()},
+            "executions_by_job": {k: v["executions"] for k, v in outcomes.items()},
             "db_faults": db_applied,
             "db_fault_commands_failed": db_commands_failed,
             "logs": logs,

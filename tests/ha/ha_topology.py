@@ -137,4 +137,4 @@ OUTLAST_GALERA = {
 
 def failed_executions(summary: dict) -> dict[str, list[str]]:
     """Jobs whose executions are not exactly one COMPLETED (a job failed and was restarted)."""
-    return {k: v for k, v in summary["job_executions"].items() if v != ["COMPLETED"]}
+    return {k: v for k, v in summary["executions_by_job"].items() if v != ["COMPLETED"]}
