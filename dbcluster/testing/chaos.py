@@ -72,12 +72,21 @@ __all__ = [
 
 
 def _transient(engine: Any, error: BaseException) -> bool:
-    """Whether ``error`` is the database going away or coming back (a restart, a switchover):
-    the run's own reads wait it out."""
+    """Whether ``error`` is the database going away or coming back (a restart, a switchover, a
+    Galera node outside the primary component): the run's own reads wait it out. Wider than the
+    provider's judgement on purpose: these reads are harmless to repeat, and a run must not end
+    on an error the provider does not (yet) call transient (Galera's 1047, "WSREP has not yet
+    prepared node for application use", issue 34)."""
+    from sqlalchemy.exc import OperationalError
+
     from dbcluster.dialects import get_provider
 
     provider = get_provider(engine)
-    return provider.is_transient(error) or provider.is_read_only(error)
+    return (
+        isinstance(error, OperationalError)
+        or provider.is_transient(error)
+        or provider.is_read_only(error)
+    )
 
 
 def _patiently(engine: Any, read: Any, timeout: float = 120.0) -> Any:

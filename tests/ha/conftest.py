@@ -50,3 +50,12 @@ def galera() -> Iterator[dict[str, str]]:
     urls = parse_urls(ha("galera", "up"))
     yield urls
     ha("galera", "down")
+
+
+@pytest.fixture(scope="session")
+def pgbouncer(pg_pair: dict[str, str]) -> Iterator[dict[str, str]]:
+    """PgBouncer 1.18 in transaction mode in front of the pair's primary; its URL."""
+    _require("pgbouncer")
+    urls = parse_urls(ha("pgbouncer", "up"))
+    yield urls
+    ha("pgbouncer", "down")

@@ -13,7 +13,7 @@ import sys
 import time
 
 import pytest
-from ha_topology import HA_SCRIPT, ha_env, scratch_database
+from ha_topology import HA_SCRIPT, ha, ha_env, parse_urls, scratch_database
 
 from dbcluster.testing.harness import wait_until
 
@@ -53,7 +53,8 @@ def _execution_status(url: str, execution_id: int) -> str | None:
 def test_a_launch_issued_during_a_five_second_restart_succeeds_once_the_server_is_back(
     pg_pair: dict[str, str],
 ) -> None:
-    url = scratch_database(pg_pair["HA_PG_PRIMARY_URL"], "halaunch")
+    primary = parse_urls(ha("pg", "urls"))["HA_PG_PRIMARY_URL"]  # after any switchover
+    url = scratch_database(primary, "halaunch")
     assert _cli("init", "--url", url).returncode == 0
     restart = subprocess.Popen(
         ["bash", str(HA_SCRIPT), "pg", "restart", "5"],
