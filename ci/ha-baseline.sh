@@ -3,7 +3,8 @@
 # the topologies of ci/ha.sh. Writes one JSON (or text) file per measurement under OUT and prints
 # a one-line summary of each. Run it again after a fix and compare.
 #
-#   ci/ha-baseline.sh launch  [TRIES]   `dbcluster launch --detach` issued during a 5 s restart
+#   ci/ha-baseline.sh launch  [TRIES]   `dbcluster launch --detach` issued around a 5 s restart
+#                                       (LAUNCH_FROM: the first try's offset, default -1.6 s)
 #   ci/ha-baseline.sh restart [SEEDS]   restart-only chaos (3 restarts each), seeds 1..SEEDS
 #   ci/ha-baseline.sh crash   [SEEDS]   crash-only chaos (kill -9 of the postmaster)
 #   ci/ha-baseline.sh switchover [MODE] switchover chaos over the multi-host URL (async|sync)
@@ -66,6 +67,8 @@ launch_probe() {
     fresh_pg_db "$db"
     url="${HA_PG_PRIMARY_URL%/test}/$db"
     dbcluster init --url "$url" >/dev/null
+    # The test application's own tables (its jobs write a ledger).
+    python3 -c 'import sys; from dbcluster.dialects import make_engine; from dbcluster.testing.app import ledger_metadata; ledger_metadata.create_all(make_engine(sys.argv[1]))' "$url"
     : >"$OUT/launch.txt"
     for i in $(seq 0 $((tries - 1))); do
         # The launch starts OFFSET s after the restart begins (negative: before it), from
@@ -147,5 +150,5 @@ case ${1:-} in
                 --db-kill "$HA galera kill {node}" --db-rejoin "$HA galera rejoin {node}"
         done
         ;;
-    *) sed -n '2,13p' "$0" >&2; exit 2 ;;
+    *) sed -n '2,14p' "$0" >&2; exit 2 ;;
 esac

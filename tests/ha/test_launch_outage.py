@@ -33,6 +33,18 @@ def _cli(*args: str, env: dict[str, str] | None = None, timeout: float = 180):
     )
 
 
+def _ledger_tables(url: str) -> None:
+    """The test application's tables (its jobs write a ledger)."""
+    from dbcluster.dialects import make_engine
+    from dbcluster.testing.app import ledger_metadata
+
+    engine = make_engine(url)
+    try:
+        ledger_metadata.create_all(engine)
+    finally:
+        engine.dispose()
+
+
 def _execution_status(url: str, execution_id: int) -> str | None:
     from dbcluster.batch.repository import JobRepository
     from dbcluster.dialects import make_engine
@@ -56,6 +68,7 @@ def test_a_launch_issued_during_a_five_second_restart_succeeds_once_the_server_i
     primary = parse_urls(ha("pg", "urls"))["HA_PG_PRIMARY_URL"]  # after any switchover
     url = scratch_database(primary, "halaunch")
     assert _cli("init", "--url", url).returncode == 0
+    _ledger_tables(url)
     restart = subprocess.Popen(
         ["bash", str(HA_SCRIPT), "pg", "restart", "5"],
         env=ha_env(),
