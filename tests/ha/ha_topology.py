@@ -9,6 +9,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -138,3 +139,47 @@ OUTLAST_GALERA = {
 def failed_executions(summary: dict) -> dict[str, list[str]]:
     """Jobs whose executions are not exactly one COMPLETED (a job failed and was restarted)."""
     return {k: v for k, v in summary["executions_by_job"].items() if v != ["COMPLETED"]}
+
+
+def assert_cluster_tests_pass(backend: str, url: str) -> None:
+    """:data:`CLUSTER_TESTS` on ``backend`` (its ``DBCLUSTER_TEST_<NAME>_URL`` set to ``url``),
+    in an inner pytest run that must pass and pass something."""
+    env = inner_env(**{f"DBCLUSTER_TEST_{backend.upper()}_URL": url})
+    code, out = run_pytest([*CLUSTER_TESTS, "-k", backend], env, timeout=1800)
+    assert code == 0, out[-6000:]
+    assert passed_count(out) > 0, out[-2000:]
+
+
+def assert_suite_passes(url: str) -> None:
+    """The shipped conformance suite (``dbcluster.testing.suite``) against ``url``."""
+    code, out = run_pytest(
+        ["--pyargs", "dbcluster.testing.suite", "--dbcluster-url", url], inner_env(), 1200
+    )
+    assert code == 0, out[-6000:]
+    assert passed_count(out) > 0, out[-2000:]
+
+
+def chaos_run(
+    urls: str | list[str],
+    seed: int,
+    kinds: tuple[str, ...],
+    faults: int,
+    workdir: Path,
+    control: Any,
+    env: dict[str, str] | None = None,
+) -> dict:
+    """A short chaos run (3 workers, 4 jobs) with these fault kinds; its summary."""
+    from dbcluster.testing.chaos import run_chaos
+
+    return run_chaos(
+        urls,
+        nodes=3,
+        jobs=4,
+        faults=faults,
+        seed=seed,
+        kinds=kinds,
+        db_control=control,
+        workdir=workdir,
+        settle_timeout=240,
+        env=env,
+    )

@@ -9,18 +9,16 @@ from typing import Any
 import pytest
 from ha_topology import (
     CLASSIC,
-    CLUSTER_TESTS,
     OUTLAST_GALERA,
+    assert_cluster_tests_pass,
+    assert_suite_passes,
+    chaos_run,
     failed_executions,
     ha_command,
-    inner_env,
-    passed_count,
-    run_pytest,
     scratch_database,
     violated,
 )
 
-from dbcluster.testing.chaos import run_chaos
 from dbcluster.testing.dbfaults import DbControl
 
 pytestmark = pytest.mark.ha
@@ -36,19 +34,11 @@ def _urls(galera: dict[str, str], database: str) -> list[str]:
 
 
 def test_the_cluster_tests_pass_on_a_galera_node(galera: dict[str, str]) -> None:
-    env = inner_env(DBCLUSTER_TEST_MARIADB_URL=galera["HA_GALERA_URL_1"])
-    code, out = run_pytest([*CLUSTER_TESTS, "-k", "mariadb"], env, timeout=1800)
-    assert code == 0, out[-6000:]
-    assert passed_count(out) > 0, out[-2000:]
+    assert_cluster_tests_pass("mariadb", galera["HA_GALERA_URL_1"])
 
 
 def test_the_conformance_suite_passes_on_a_galera_node(galera: dict[str, str]) -> None:
-    url = galera["HA_GALERA_URL_2"]
-    code, out = run_pytest(
-        ["--pyargs", "dbcluster.testing.suite", "--dbcluster-url", url], inner_env(), 1200
-    )
-    assert code == 0, out[-6000:]
-    assert passed_count(out) > 0, out[-2000:]
+    assert_suite_passes(galera["HA_GALERA_URL_2"])
 
 
 def _chaos(
@@ -64,18 +54,7 @@ def _chaos(
         kill=ha_command("galera", "kill", "{node}"),
         rejoin=ha_command("galera", "rejoin", "{node}"),
     )
-    return run_chaos(
-        _urls(galera, database),
-        nodes=3,
-        jobs=4,
-        faults=faults,
-        seed=seed,
-        kinds=kinds,
-        db_control=control,
-        workdir=tmp,
-        settle_timeout=240,
-        env=env,
-    )
+    return chaos_run(_urls(galera, database), seed, kinds, faults, tmp, control, env)
 
 
 @pytest.fixture(scope="module")

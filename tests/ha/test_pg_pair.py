@@ -9,37 +9,27 @@ from typing import Any
 import pytest
 from ha_topology import (
     CLASSIC,
-    CLUSTER_TESTS,
     OUTLAST_PG,
+    assert_cluster_tests_pass,
+    assert_suite_passes,
+    chaos_run,
     failed_executions,
     ha_command,
-    inner_env,
-    passed_count,
-    run_pytest,
     scratch_database,
     violated,
 )
 
-from dbcluster.testing.chaos import run_chaos
 from dbcluster.testing.dbfaults import DbControl
 
 pytestmark = pytest.mark.ha
 
 
 def test_the_cluster_tests_pass_through_the_multi_host_url(pg_pair: dict[str, str]) -> None:
-    env = inner_env(DBCLUSTER_TEST_POSTGRESQL_URL=pg_pair["HA_PG_PAIR_URL"])
-    code, out = run_pytest([*CLUSTER_TESTS, "-k", "postgresql"], env, timeout=1800)
-    assert code == 0, out[-6000:]
-    assert passed_count(out) > 0, out[-2000:]
+    assert_cluster_tests_pass("postgresql", pg_pair["HA_PG_PAIR_URL"])
 
 
 def test_the_conformance_suite_passes_through_the_multi_host_url(pg_pair: dict[str, str]) -> None:
-    url = pg_pair["HA_PG_PAIR_URL"]
-    code, out = run_pytest(
-        ["--pyargs", "dbcluster.testing.suite", "--dbcluster-url", url], inner_env(), 1200
-    )
-    assert code == 0, out[-6000:]
-    assert passed_count(out) > 0, out[-2000:]
+    assert_suite_passes(pg_pair["HA_PG_PAIR_URL"])
 
 
 def _chaos(
@@ -50,18 +40,7 @@ def _chaos(
         crash=ha_command("pg", "crash", "3"),
         switchover=ha_command("pg", "switchover", "--rebuild"),
     )
-    return run_chaos(
-        url,
-        nodes=3,
-        jobs=4,
-        faults=faults,
-        seed=seed,
-        kinds=kinds,
-        db_control=control,
-        workdir=tmp,
-        settle_timeout=240,
-        env=env,
-    )
+    return chaos_run(url, seed, kinds, faults, tmp, control, env)
 
 
 @pytest.fixture(scope="module")
