@@ -141,10 +141,13 @@ def failed_executions(summary: dict) -> dict[str, list[str]]:
     return {k: v for k, v in summary["executions_by_job"].items() if v != ["COMPLETED"]}
 
 
-def assert_cluster_tests_pass(backend: str, url: str) -> None:
+def assert_cluster_tests_pass(backend: str, url: str, time_scale: str | None = None) -> None:
     """:data:`CLUSTER_TESTS` on ``backend`` (its ``DBCLUSTER_TEST_<NAME>_URL`` set to ``url``),
-    in an inner pytest run that must pass and pass something."""
+    in an inner pytest run that must pass and pass something; ``time_scale`` overrides the
+    thresholds' scale of that run."""
     env = inner_env(**{f"DBCLUSTER_TEST_{backend.upper()}_URL": url})
+    if time_scale is not None:
+        env["DBCLUSTER_TEST_TIME_SCALE"] = time_scale
     code, out = run_pytest([*CLUSTER_TESTS, "-k", backend], env, timeout=1800)
     assert code == 0, out[-6000:]
     assert passed_count(out) > 0, out[-2000:]
