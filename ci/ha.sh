@@ -59,6 +59,8 @@ came_back() {
     say "$1: outage $(awk -v a="$DOWN_AT" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s"
 }
 done_in() { say "$1 done in $(elapsed) s"; }
+# After a down: the state directory goes too once nothing of any topology is left in it.
+tidy() { rmdir "$HA_DIR" 2>/dev/null || true; }
 
 # wait_for WHAT COMMAND...: poll until COMMAND succeeds, or fail after HA_TIMEOUT seconds.
 wait_for() {
@@ -256,6 +258,7 @@ pg_down_quiet() {
 pg_down() {
     need_root
     pg_down_quiet
+    tidy
     done_in "pg down"
 }
 
@@ -270,8 +273,31 @@ pg_restart() {  # pg_restart [DOWN_S]
     done_in "pg restart of $p"
 }
 
+# Kill -9 CLUSTER's postmaster and its children (as a machine loss would), and wait until the
+# last of them is gone (the shared memory block is busy until then).
+pg_kill() {  # pg_kill CLUSTER
+    local pm children
+    pm=$(head -n 1 "$(pg_datadir "$1")/postmaster.pid")
+    children=$(ps -o pid= --ppid "$pm" || true)
+    kill -9 "$pm"
+    # shellcheck disable=SC2086 # a list of pids
+    [[ -z $children ]] || kill -9 $children 2>/dev/null || true
+    wait_for "the old postmaster's processes to end" pids_gone "$pm" $children
+    rm -f "$(pg_datadir "$1")/postmaster.pid"
+}
+
+# Promote the standby CLUSTER. In sync mode a promoted standby without a standby of its own
+# would block every COMMIT: it runs asynchronously until it has one again (as Patroni does when
+# not "strict").
+pg_promote() {  # pg_promote CLUSTER
+    pg_write_mode_conf "$1" async
+    pg_ctlcluster "$PG_VERSION" "$1" reload
+    pg_ctlcluster "$PG_VERSION" "$1" promote
+    wait_for "$1 to accept writes" pg_is_primary "$(pg_port_of "$1")"
+}
+
 pg_crash() {  # pg_crash [DOWN_S] [--immediate]
-    local down=0 how=kill9 p pm children
+    local down=0 how=kill9 p
     for arg in "$@"; do
         case $arg in
             --immediate) how=immediate ;;
@@ -284,14 +310,7 @@ pg_crash() {  # pg_crash [DOWN_S] [--immediate]
     if [[ $how == immediate ]]; then
         pg_ctlcluster "$PG_VERSION" "$p" stop -m immediate
     else
-        pm=$(head -n 1 "$(pg_datadir "$p")/postmaster.pid")
-        children=$(ps -o pid= --ppid "$pm" || true)
-        kill -9 "$pm"
-        # shellcheck disable=SC2086 # a list of pids
-        [[ -z $children ]] || kill -9 $children 2>/dev/null || true
-        # The shared memory block is busy until the last old backend is gone.
-        wait_for "the old postmaster's processes to end" pids_gone "$pm" $children
-        rm -f "$(pg_datadir "$p")/postmaster.pid"
+        pg_kill "$p"
     fi
     say "pg: $p crashed ($how); down for ${down} s"
     sleep "$down"
@@ -331,14 +350,9 @@ pg_switchover() {  # pg_switchover [--rebuild]
     new=$(pg_other "$old")
     pg_is_standby "$(pg_port_of "$new")" || die "pg switchover: $new is not a running standby"
     went_down
+    # The standby receives everything the primary wrote until its fast shutdown.
     pg_ctlcluster "$PG_VERSION" "$old" stop -m fast
-    # The standby has received everything the primary wrote until its fast shutdown; in sync
-    # mode a promoted standby without a standby of its own would block every COMMIT: it runs
-    # asynchronously until the old primary is back (as Patroni does when not "strict").
-    pg_write_mode_conf "$new" async
-    pg_ctlcluster "$PG_VERSION" "$new" reload
-    pg_ctlcluster "$PG_VERSION" "$new" promote
-    wait_for "$new to accept writes" pg_is_primary "$(pg_port_of "$new")"
+    pg_promote "$new"
     came_back "pg: switchover to $new"
     say "pg: switched over from $old to $new"
     if (( rebuild )); then pg_rebuild_standby; fi
@@ -350,7 +364,7 @@ pg_switchover() {  # pg_switchover [--rebuild]
 # machine loss would), the standby promoted with whatever it had received. Asynchronous
 # replication loses here what the primary had acknowledged and not yet sent.
 pg_failover() {  # pg_failover [--rebuild]
-    local rebuild=0 old new pm children
+    local rebuild=0 old new
     for arg in "$@"; do
         case $arg in
             --rebuild) rebuild=1 ;;
@@ -360,18 +374,9 @@ pg_failover() {  # pg_failover [--rebuild]
     old=$(pg_primary) || die "pg failover: no primary is running"
     new=$(pg_other "$old")
     pg_is_standby "$(pg_port_of "$new")" || die "pg failover: $new is not a running standby"
-    pm=$(head -n 1 "$(pg_datadir "$old")/postmaster.pid")
-    children=$(ps -o pid= --ppid "$pm" || true)
     went_down
-    kill -9 "$pm"
-    # shellcheck disable=SC2086 # a list of pids
-    [[ -z $children ]] || kill -9 $children 2>/dev/null || true
-    wait_for "the old primary's processes to end" pids_gone "$pm" $children
-    rm -f "$(pg_datadir "$old")/postmaster.pid"
-    pg_write_mode_conf "$new" async
-    pg_ctlcluster "$PG_VERSION" "$new" reload
-    pg_ctlcluster "$PG_VERSION" "$new" promote
-    wait_for "$new to accept writes" pg_is_primary "$(pg_port_of "$new")"
+    pg_kill "$old"
+    pg_promote "$new"
     came_back "pg: failover to $new"
     say "pg: failed over from $old (killed) to $new"
     if (( rebuild )); then pg_rebuild_standby; fi
@@ -553,6 +558,7 @@ g_down_quiet() {
 g_down() {
     need_root
     g_down_quiet
+    tidy
     done_in "galera down"
 }
 
@@ -637,6 +643,7 @@ b_down_quiet() {
 b_down() {
     need_root
     b_down_quiet
+    tidy
     done_in "pgbouncer down"
 }
 
