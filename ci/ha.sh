@@ -6,8 +6,10 @@
 #   ci/ha.sh pg crash [DOWN_S] [--immediate]
 #                                     kill -9 the primary's postmaster and its children (or stop it
 #                                     -m immediate), wait DOWN_S, start it (crash recovery)
-#   ci/ha.sh pg switchover [--rebuild] stop the primary, promote the standby; --rebuild makes the
-#                                     old primary a standby of the new one (fresh pg_basebackup)
+#   ci/ha.sh pg switchover [--rebuild] [--down S]
+#                                     stop the primary, (wait S s, as a failover tool deciding
+#                                     would,) promote the standby; --rebuild makes the old
+#                                     primary a standby of the new one (fresh pg_basebackup)
 #   ci/ha.sh pg failover [--rebuild]  an unplanned failover: kill -9 the primary, promote the
 #                                     standby (asynchronous replication loses what was not sent)
 #   ci/ha.sh pg rebuild               make the server that is not the primary its standby again
@@ -338,13 +340,15 @@ pg_start_again() {
     pg_wait_mode "$(pg_mode)"
 }
 
-pg_switchover() {  # pg_switchover [--rebuild]
-    local rebuild=0 old new
-    for arg in "$@"; do
-        case $arg in
+pg_switchover() {  # pg_switchover [--rebuild] [--down S]
+    local rebuild=0 down=0 old new
+    while (( $# )); do
+        case $1 in
             --rebuild) rebuild=1 ;;
-            *) die "pg switchover: unknown option $arg" ;;
+            --down) down=${2:?pg switchover --down S}; shift ;;
+            *) die "pg switchover: unknown option $1" ;;
         esac
+        shift
     done
     old=$(pg_primary) || die "pg switchover: no primary is running"
     new=$(pg_other "$old")
@@ -352,6 +356,8 @@ pg_switchover() {  # pg_switchover [--rebuild]
     went_down
     # The standby receives everything the primary wrote until its fast shutdown.
     pg_ctlcluster "$PG_VERSION" "$old" stop -m fast
+    # A failover tool takes a while to decide (Patroni: up to its ttl); --down plays that part.
+    sleep "$down"
     pg_promote "$new"
     came_back "pg: switchover to $new"
     say "pg: switched over from $old to $new"
