@@ -10,254 +10,100 @@ summary. The exit status is 0 only when every invariant held.
 from __future__ import annotations
 
 import json
-import random
 import tempfile
 import time
 import uuid
 from collections import Counter
-from dataclasses import asdict, dataclass
-from datetime import datetime
+from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
 from dbcluster.cli_options import DURATION_MS, DURATION_S, chosen_level, log_options
+from dbcluster.testing.chaos_plan import (
+    ALL_KINDS,
+    DB_FAULT_SPACING_S,
+    JOB_NAMES,
+    KINDS,
+    MASTER_KINDS,
+    PARK_WAIT_S,
+    POINTS,
+    STEPPED_JOBS,
+    TARGETS,
+    WORKER_KINDS,
+    Fault,
+    launch_times,
+    plan_faults,
+)
+from dbcluster.testing.chaos_report import (
+    KillRecord,
+    _db_now,
+    _execution_statuses,
+    _held_transferable,
+    _recovery,
+    _takeovers,
+    format_summary,
+    held_transferable_statement,
+)
+from dbcluster.testing.dbfaults import (
+    COMMAND_TIMEOUT_S,
+    DB_KINDS,
+    DbControl,
+    DbFaultRunner,
+    first_execution_check,
+    scan_logs,
+)
 
-if TYPE_CHECKING:  # the CLI imports this module: the test application loads only when run
-    from dbcluster.testing.rowmark import RowMark
-
-#: Fault kinds. ``freeze-tx``: a worker parked inside a chunk transaction (its partition row
-#: verifiably locked), then SIGSTOPped past the cleanup threshold. ``stop-between``: a master
-#: parked between two steps of its job, then SIGSTOPped past the cleanup threshold. ``blip``: only
-#: a master's connection cut, for less than the unreachable threshold.
-KINDS = ("kill", "stop", "term", "cut", "freeze-tx", "stop-between", "blip")
-#: Kinds that hit a job's master only.
-MASTER_KINDS = ("stop-between", "blip")
-#: Kinds that only make sense on a worker (a master's partitions run on the workers).
-WORKER_KINDS = ("term", "freeze-tx")
-#: ``--target``: which processes the faults fall on (``any``: workers and masters, mixed).
-TARGETS = ("any", "masters", "workers")
-JOB_NAMES = ("ledger-steps", "ledger-mixed", "ledger-fixed", "ledger")
-#: Jobs whose master runs a step after the partitioned one (``stop-between`` needs one).
-STEPPED_JOBS = ("ledger-steps",)
-
-
-@dataclass(frozen=True)
-class Fault:
-    """One planned fault: ``at`` seconds after the first job launch, on slot ``target`` (``w<i>``
-    a worker, ``m<j>`` the master of job ``j``), lasting ``duration`` s (stop and cut)."""
-
-    at: float
-    kind: str
-    target: str
-    duration: float = 0.0
-
-
-#: The fault point each parking kind arms.
-POINTS = {"freeze-tx": "chunk.before_commit", "stop-between": "master.between_steps"}
-#: Seconds the harness waits for an armed fault point to be reached (a master reaches the end of
-#: its partitioned step only once every partition has run).
-PARK_WAIT_S = {"chunk.before_commit": 8.0, "master.between_steps": 25.0}
-
-
-def launch_times(jobs: int, window: float) -> list[float]:
-    return [round(j * window / max(1, jobs), 3) for j in range(jobs)]
-
-
-def plan_faults(
-    seed: int,
-    faults: int,
-    nodes: int,
-    jobs: int,
-    *,
-    window: float,
-    cleanup_ms: int,
-    unreachable_ms: int,
-    on: str = "any",
-) -> list[Fault]:
-    """The fault plan: a pure function of its arguments. Every kind appears once before any
-    repeats (when ``faults`` >= the number of kinds); about a quarter of kills and stops hit a
-    job's master. ``on="masters"`` puts every fault on a master (the kinds a master can
-    take), ``"workers"`` every fault on a worker."""
-    if on not in TARGETS:
-        raise ValueError(f"faults fall on one of {', '.join(TARGETS)}, not {on!r}")
-    pool = {
-        "any": KINDS,
-        "masters": tuple(k for k in KINDS if k not in WORKER_KINDS),
-        "workers": tuple(k for k in KINDS if k not in MASTER_KINDS),
-    }[on]
-    rng = random.Random(seed)
-    kinds = list(pool)
-    rng.shuffle(kinds)
-    while len(kinds) < faults:
-        kinds.append(rng.choice(pool))
-    kinds = kinds[:faults]
-    starts = launch_times(jobs, window)
-    stepped = [j for j in range(jobs) if JOB_NAMES[j % len(JOB_NAMES)] in STEPPED_JOBS]
-    master_hit = False
-    plan: list[Fault] = []
-    for kind in kinds:
-        to_master = kind in MASTER_KINDS or (
-            kind in ("kill", "stop", "cut")
-            and (rng.random() < 0.25 or (kind == "kill" and not master_hit))
-        )
-        if on != "any":
-            to_master = on == "masters"
-        if kind == "stop-between" and not stepped:
-            kind = "stop"
-            to_master = on == "masters"
-        if to_master and jobs > 0:
-            master_hit = master_hit or kind == "kill"
-            j = rng.choice(stepped) if kind == "stop-between" else rng.randrange(jobs)
-            # A master is parked between steps once its partitioned step is over.
-            lead = (0.5, 1.5) if kind == "stop-between" else (1.5, 3.0)
-            target, at = f"m{j}", starts[j] + rng.uniform(*lead)
-        else:
-            target, at = f"w{rng.randrange(nodes)}", rng.uniform(1.0, window)
-        duration = 0.0
-        if kind in ("stop", "freeze-tx", "stop-between"):
-            duration = cleanup_ms / 1000 * rng.uniform(1.3, 1.8)
-        elif kind == "blip":
-            duration = unreachable_ms / 1000 * rng.uniform(0.2, 0.6)
-        elif kind == "cut":
-            if rng.random() < 0.4:  # a blip shorter than the unreachable threshold
-                duration = unreachable_ms / 1000 * rng.uniform(0.2, 0.6)
-            else:
-                duration = cleanup_ms / 1000 * rng.uniform(1.3, 1.8)
-        plan.append(Fault(round(at, 3), kind, target, round(duration, 3)))
-    plan.sort(key=lambda f: f.at)
-    return plan
+#: The plan and the report live in chaos_plan and chaos_report; their names stay importable here.
+__all__ = [
+    "ALL_KINDS",
+    "KINDS",
+    "MASTER_KINDS",
+    "TARGETS",
+    "WORKER_KINDS",
+    "Fault",
+    "chaos",
+    "format_summary",
+    "held_transferable_statement",
+    "plan_faults",
+    "run_chaos",
+]
 
 
-@dataclass
-class KillRecord:
-    fault: int
-    target: str
-    prefix: str
-    db_time: datetime
-    held: list[tuple[int, int]]  # (step execution id, attempt) of transferable in-flight rows
+def _transient(engine: Any, error: BaseException) -> bool:
+    """Whether ``error`` is the database going away or coming back (a restart, a switchover, a
+    Galera node outside the primary component): the run's own reads wait it out. Wider than the
+    provider's judgement on purpose: these reads are harmless to repeat, and a run must not end
+    on an error the provider does not (yet) call transient (Galera's 1047, "WSREP has not yet
+    prepared node for application use", issue 34)."""
+    from sqlalchemy.exc import OperationalError
 
-
-def _db_now(engine: Any) -> datetime:
     from dbcluster.dialects import get_provider
 
-    with engine.connect() as conn:
-        return conn.execute(get_provider(engine).select_now()).scalar_one()
-
-
-def held_transferable_statement(prefix: str) -> Any:
-    """The in-flight transferable partitions held by the nodes whose ids start ``prefix-``."""
-    from sqlalchemy import select
-
-    from dbcluster.dialects.base import PARTITION_IN_FLIGHT
-    from dbcluster.schema import partitions
-
-    return select(partitions.c.step_execution_id, partitions.c.attempt).where(
-        partitions.c.assigned_node.like(f"{prefix}-%"),
-        partitions.c.status.in_(PARTITION_IN_FLIGHT),
-        # A bound flag: "IS true" is no SQL on Oracle (SMALLINT flags) or SQL Server.
-        partitions.c.transferable == True,  # noqa: E712
+    provider = get_provider(engine)
+    return (
+        isinstance(error, OperationalError)
+        or provider.is_transient(error)
+        or provider.is_read_only(error)
     )
 
 
-def _held_transferable(engine: Any, prefix: str) -> list[tuple[int, int]]:
-    with engine.connect() as conn:
-        rows = conn.execute(held_transferable_statement(prefix)).all()
-    return [(r[0], r[1]) for r in rows]
-
-
-def _recovery(engine: Any, kill: KillRecord, since: RowMark) -> float | None:
-    """Seconds from the kill until the last of the killed node's transferable partitions was
-    running elsewhere (its next attempt committed its first chunk); None if none was held or one
-    never ran again (its job was abandoned, or it had already completed)."""
-    from sqlalchemy import func, select
-
-    from dbcluster.testing.app import runs
-
-    if not kill.held:
-        return None
-    latest: datetime | None = None
-    with engine.connect() as conn:
-        for step_id, attempt in kill.held:
-            started = conn.execute(
-                select(func.min(runs.c.started)).where(
-                    runs.c.step_execution_id == step_id,
-                    runs.c.attempt > attempt,
-                    since.after(runs),
-                )
-            ).scalar()
-            if started is None:
-                return None
-            latest = started if latest is None or started > latest else latest
-    assert latest is not None
-    return round(
-        (latest.replace(tzinfo=None) - kill.db_time.replace(tzinfo=None)).total_seconds(), 3
-    )
-
-
-def _cause(faults: list[dict[str, Any]], lost: str, at: datetime) -> dict[str, Any] | None:
-    """The fault that cost ``lost`` its mastership at ``at``: the last one applied to its process
-    before then (a process that lost a job's mastership may follow the job and take later
-    faults; a skipped fault did nothing)."""
-    for fault in reversed(faults):
-        if "skipped" in fault or "db_time" not in fault or not fault.get("prefix"):
-            continue
-        applied = datetime.fromisoformat(fault["db_time"]).replace(tzinfo=None)
-        if lost.startswith(f"{fault['prefix']}-") and applied <= at:
-            return fault
-    return None
-
-
-def _takeovers(engine: Any, refs: list[Any], faults: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every master takeover of these jobs' executions: who took over from whom, when, and how
-    long after the fault that hit the lost master (on the database clock)."""
-    from sqlalchemy import select
-
-    from dbcluster.batch.parameters import JobParameters
-    from dbcluster.batch.repository import JobRepository
-    from dbcluster.schema import job_masters
-
-    repository = JobRepository(engine)
-    out: list[dict[str, Any]] = []
-    for ref in refs:
-        instance = repository.get_job_instance(ref.job, JobParameters.parse(ref.params))
-        if instance is None:
-            continue
-        for execution in repository.get_job_executions(instance):
-            with engine.connect() as conn:
-                rows = conn.execute(
-                    select(job_masters)
-                    .where(job_masters.c.job_execution_id == execution.id)
-                    .order_by(job_masters.c.master_epoch)
-                ).all()
-            for before, row in zip(rows, rows[1:], strict=False):
-                if row.reason != "takeover":
-                    continue
-                lost = str(before.master_node)
-                fault = _cause(faults, lost, row.since.replace(tzinfo=None))
-                since_fault = None
-                if fault is not None:
-                    began = datetime.fromisoformat(fault["db_time"])
-                    since_fault = round((row.since.replace(tzinfo=None) - began).total_seconds(), 3)
-                out.append(
-                    {
-                        "job": ref.job,
-                        "job_execution_id": execution.id,
-                        "epoch": int(row.master_epoch),
-                        "from_node": lost,
-                        "to_node": row.master_node,
-                        "at": row.since.isoformat(),
-                        "fault": None if fault is None else fault["index"],
-                        "fault_kind": None if fault is None else fault["kind"],
-                        "seconds_after_fault": since_fault,
-                    }
-                )
-    return out
+def _patiently(engine: Any, read: Any, timeout: float = 120.0) -> Any:
+    """``read()``, repeated while the database is unavailable (up to ``timeout`` s)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return read()
+        except Exception as exc:
+            if not _transient(engine, exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)
 
 
 def run_chaos(
-    url: str,
+    url: str | Sequence[str],
     *,
     nodes: int = 4,
     jobs: int = 5,
@@ -271,10 +117,16 @@ def run_chaos(
     env: dict[str, str] | None = None,
     log: Any = None,
     target: str = "any",
+    kinds: Sequence[str] | None = None,
+    db_control: DbControl | None = None,
 ) -> dict[str, Any]:
     """Run the chaos scenario on ``url`` (a scratch database) and return the summary.
 
-    ``target`` chooses which processes the faults fall on (see :func:`plan_faults`)."""
+    ``target`` chooses which processes the faults fall on (see :func:`plan_faults`). ``url`` may
+    be several URLs of one cluster's servers (Galera nodes): worker ``i`` and the launcher of job
+    ``j`` connect to URL ``i``/``j`` modulo their number; the run's own reads use the first.
+    ``kinds`` chooses the fault kinds (default: the node kinds, and each database kind whose
+    command ``db_control`` gives)."""
     from dbcluster import schema
     from dbcluster.batch.parameters import JobParameters
     from dbcluster.batch.repository import JobRepository
@@ -285,25 +137,45 @@ def run_chaos(
     from dbcluster.testing.rowmark import mark_rows
 
     say = log or (lambda message: None)
+    urls = [url] if isinstance(url, str) else list(url)
+    if not urls:
+        raise ValueError("chaos needs a database URL")
+    url = urls[0]
+    control = db_control or DbControl()
+    if kinds is None:
+        kinds = KINDS + control.available()
+    missing = control.missing(kinds)
+    if missing:
+        raise ValueError("; ".join(missing))
     began = time.monotonic()
     engine = make_engine(url)
     schema.metadata.create_all(engine)
     ledger_metadata.create_all(engine)
     since = mark_rows(engine)  # rows of earlier runs in this database are not judged
     workdir = Path(workdir or tempfile.mkdtemp(prefix="dbcluster-chaos-"))
-    harness = Harness(url, workdir, env=env)
+    harness = Harness(url, workdir, env=env, node_urls=urls)
     cleanup_ms = harness.ms("cleanup_threshold")
-    window = window if window is not None else max(8.0, faults * 1.2)
-    plan = plan_faults(
-        seed,
-        faults,
-        nodes,
-        jobs,
-        window=window,
-        cleanup_ms=cleanup_ms,
-        unreachable_ms=harness.ms("unreachable_threshold"),
-        on=target,
-    )
+
+    def planned(seconds: float) -> list[Fault]:
+        return plan_faults(
+            seed,
+            faults,
+            nodes,
+            jobs,
+            window=seconds,
+            cleanup_ms=cleanup_ms,
+            unreachable_ms=harness.ms("unreachable_threshold"),
+            on=target,
+            kinds=kinds,
+            db_nodes=len(urls),
+        )
+
+    if window is None:
+        window = max(8.0, faults * 1.2)
+        # Room for the database's faults: one every DB_FAULT_SPACING_S at most.
+        db_faults = sum(f.kind in DB_KINDS for f in planned(window))
+        window = max(window, DB_FAULT_SPACING_S * db_faults)
+    plan = planned(window)
     run_id = f"{seed}-{uuid.uuid4().hex[:8]}"
     refs: list[JobRef] = []
     for j in range(jobs):
@@ -317,9 +189,12 @@ def run_chaos(
     workers: dict[str, NodeProcess] = {}
     launchers: dict[int, NodeProcess] = {}
     launched = [False] * jobs
+    ended_launches: set[int] = set()  # pids of launch processes whose exit status is counted
     done = [False] * jobs
     restarts = 0
     relaunches = 0  # launch processes started again before their job had an execution
+    relaunched = [0] * jobs  # the same, per job
+    launch_exits: list[int | None] = []  # exit status of every launch process that ended
     restart_causes: list[dict[str, Any]] = []  # why each relaunched job's last execution ended
     injected: list[dict[str, Any]] = []
     kills: list[KillRecord] = []
@@ -327,6 +202,9 @@ def run_chaos(
     parks: list[tuple[float, str, Fault, NodeProcess, dict[str, Any]]] = []
     respawn: dict[str, float] = {}
     summary: dict[str, Any] = {}
+    t0 = time.monotonic()
+    runner = DbFaultRunner(control, lambda: time.monotonic() - t0, say)
+    outage_warned = [False]
     try:
         for i in range(nodes):
             workers[f"w{i}"] = harness.start_worker(f"w{i}")
@@ -379,6 +257,9 @@ def run_chaos(
                 p = launchers.get(j)
                 if p is not None and p.alive():
                     continue
+                if p is not None and p.pid not in ended_launches:
+                    ended_launches.add(p.pid)
+                    launch_exits.append(p.popen.returncode)
                 state = job_state(j)
                 if state == "completed":
                     done[j] = True
@@ -389,6 +270,7 @@ def run_chaos(
                     # Its launch process ended (a fault as it connected) before the execution
                     # existed: launching it again restarts nothing.
                     relaunches += 1
+                    relaunched[j] += 1
                 elif launched[j]:
                     restarts += 1
                     ended = last_execution(j)
@@ -416,8 +298,16 @@ def run_chaos(
                     workers[slot] = harness.start_worker(slot)
 
         def inject(index: int, fault: Fault, now: float) -> None:
-            p = pick(fault)
             record: dict[str, Any] = {**asdict(fault), "index": index}
+            if fault.kind in DB_KINDS:
+                node = int(fault.target[2:]) if fault.target[2:] else None
+                record.update(applied_to=fault.target, role="database", prefix=None)
+                record["at_actual"] = round(now - t0, 3)
+                injected.append(record)
+                runner.submit(record, fault.kind, fault.duration, node)
+                say(f"fault {index} {fault.kind} -> {fault.target}")
+                return
+            p = pick(fault)
             if p is None:
                 record["skipped"] = "no eligible process"
                 injected.append(record)
@@ -432,11 +322,12 @@ def run_chaos(
             )
             if p.role == "launch":
                 # When a master's fault began, on the database clock (to time its takeover).
-                record["db_time"] = _db_now(engine).isoformat()
+                record["db_time"] = _patiently(engine, lambda: _db_now(engine)).isoformat()
             if fault.kind == "kill":
-                held = _held_transferable(engine, p.prefix)
+                held = _patiently(engine, lambda: _held_transferable(engine, p.prefix))
                 harness.kill(p)
-                kills.append(KillRecord(index, p.slot, p.prefix, _db_now(engine), held))
+                killed_at = _patiently(engine, lambda: _db_now(engine))
+                kills.append(KillRecord(index, p.slot, p.prefix, killed_at, held))
             elif fault.kind == "stop":
                 harness.pause(p)
                 timers.append((now + fault.duration, "cont", p))
@@ -480,7 +371,7 @@ def run_chaos(
                 record["parked"] = held
                 record["at_actual"] = round(now - t0, 3)
                 if p.role == "launch":
-                    record["db_time"] = _db_now(engine).isoformat()
+                    record["db_time"] = _patiently(engine, lambda: _db_now(engine)).isoformat()
                 injected.append(record)
                 timers.append((now + fault.duration, f"unpark:{point}", p))
                 say(f"fault {record['index']} {fault.kind}: {p.slot} stopped at {point} {held}")
@@ -505,8 +396,17 @@ def run_chaos(
                 else:
                     harness.restore(p)
             supervise_workers(now)
-            supervise_jobs(now)
-            if not queue and not timers and not parks:
+            try:
+                supervise_jobs(now)
+            except Exception as exc:
+                if not _transient(engine, exc):
+                    raise
+                if not outage_warned[0]:  # the database is away (a fault of its own): next tick
+                    say(f"the database is unavailable; waiting ({type(exc).__name__})")
+                    outage_warned[0] = True
+            else:
+                outage_warned[0] = False
+            if not queue and not timers and not parks and not runner.busy():
                 if deadline is None:
                     deadline = now + settle_timeout
                     say("faults over; waiting for the jobs to complete")
@@ -517,6 +417,7 @@ def run_chaos(
                     break
             time.sleep(0.05)
         settled_at = time.monotonic()
+        runner.close()  # nothing is queued by now; a rejoin in progress ends first
         # Quiescence: let the workers' last writes land, then stop them gracefully.
         for p in workers.values():
             harness.terminate(p)
@@ -526,12 +427,15 @@ def run_chaos(
             except Exception:  # noqa: BLE001 - killed by close()
                 pass
         observer.stop()
-        report = check_invariants(
+        report = _patiently(
             engine,
-            refs,
-            removed_at={k: v.first_absent for k, v in observer.nodes.items()},
-            last_seen={k: v.last_seen for k, v in observer.nodes.items()},
-            since=since,
+            lambda: check_invariants(
+                engine,
+                refs,
+                removed_at={k: v.first_absent for k, v in observer.nodes.items()},
+                last_seen={k: v.last_seen for k, v in observer.nodes.items()},
+                since=since,
+            ),
         )
         applied = [r for r in injected if "skipped" not in r]
         recoveries = []
@@ -548,6 +452,40 @@ def run_chaos(
                 }
             )
         takeovers = _takeovers(engine, refs, injected)
+        db_applied = [r for r in applied if r["kind"] in DB_KINDS]
+        node_applied = [r for r in applied if r["kind"] not in DB_KINDS]
+        outcomes = {
+            f"job {j} ({refs[j].job})": {
+                "executions": _execution_statuses(repository, refs[j]),
+                "relaunches": relaunched[j],
+            }
+            for j in range(jobs)
+        }
+        logs = scan_logs(sorted(Path(workdir).glob("*.log")))
+        logs["outages"] = len(db_applied)
+        if db_applied:
+            logs["errors_per_outage"] = round(logs["errors"] / len(db_applied), 1)
+            logs["tracebacks_per_outage"] = round(logs["tracebacks"] / len(db_applied), 1)
+        # Enforced where the database's faults are the only ones: a restart must cost nothing.
+        enforced = bool(db_applied) and not node_applied
+        extra: dict[str, dict[str, Any]] = {
+            "first_execution": {
+                "statement": "every job COMPLETED in its first execution, launched once",
+                "violations": first_execution_check(outcomes),
+            },
+            "quiet_logs": {
+                "statement": "no ERROR line and no traceback in the node logs",
+                "violations": [
+                    f"{name}: {c['errors']} ERROR line(s), {c['tracebacks']} traceback(s)"
+                    for name, c in logs["per_file"].items()
+                    if c["errors"] or c["tracebacks"]
+                ],
+            },
+        }
+        for inv in extra.values():
+            inv["held"] = not inv["violations"]
+            inv["enforced"] = enforced
+        db_commands_failed = [r["index"] for r in db_applied if not r.get("ok")]
         summary = {
             "ok": report.ok,
             "url": safe_url(url),
@@ -580,63 +518,52 @@ def run_chaos(
             "plan": [asdict(f) for f in plan],
             "faults": injected,
             "workdir": str(workdir),
+            "urls": [safe_url(u) for u in urls],
+            "launch_exit_codes": dict(Counter(str(c) for c in launch_exits)),
+            "executions_by_job": {k: v["executions"] for k, v in outcomes.items()},
+            "db_faults": db_applied,
+            "db_fault_commands_failed": db_commands_failed,
+            "logs": logs,
             **report.as_dict(),
         }
-        summary["ok"] = report.ok
+        summary["invariants"].update(extra)
+        summary["ok"] = (
+            report.ok
+            and not db_commands_failed
+            and all(inv["held"] or not inv["enforced"] for inv in extra.values())
+        )
         return summary
     finally:
+        runner.close(timeout=COMMAND_TIMEOUT_S)
         if observer._thread.is_alive():
             observer.stop()
         harness.close()
         engine.dispose()
 
 
-def format_summary(s: dict[str, Any]) -> str:
-    lines = [
-        f"chaos on {s['backend']} ({s['url']}), seed {s['seed']}: "
-        f"{s['nodes']} nodes, {s['jobs']} jobs, {s['faults_injected']}/{s['faults_planned']} "
-        f"faults injected in {s['elapsed_s']} s",
-        "faults by kind: "
-        + ", ".join(f"{k} {s['faults_by_kind'].get(k, 0)}" for k in KINDS)
-        + f"  (on masters: {s['faults_by_role'].get('master', 0)}; cut: {s['cut_method']})",
-        f"partitions {s['partitions']}, runs {s['partitions_run']}, re-runs {s['reruns']}, "
-        f"job restarts {s['job_restarts']}, abandoned executions {s['abandoned_executions']}"
-        f" (faults on: {s.get('target', 'any')}; launches repeated before their execution"
-        f" existed: {s.get('relaunches_before_start', 0)})",
-        f"duplicate non-transferable effects {s['duplicate_non_transferable_effects']}, "
-        f"lost partitions {s['lost_partitions']}, stuck jobs {s['stuck_jobs']}",
-    ]
-    for c in s.get("restart_causes", []):
-        lines.append(
-            f"  restart of job {c['job']}: execution {c['job_execution_id']} ended {c['status']} "
-            f"({c['exit_code']}: {c['exit_description'][:120]})"
+def _kinds_option(value: str | None) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    kinds = tuple(k.strip() for k in value.split(",") if k.strip())
+    unknown = [k for k in kinds if k not in ALL_KINDS]
+    if unknown or not kinds:
+        raise click.BadParameter(
+            f"unknown kind(s) {', '.join(unknown) or '(none)'}; known: {', '.join(ALL_KINDS)}"
         )
-    for t in s.get("takeovers", []):
-        after = (
-            "" if t["seconds_after_fault"] is None else f" {t['seconds_after_fault']:.2f} s after"
-        )
-        lines.append(
-            f"  takeover of execution {t['job_execution_id']} (epoch {t['epoch']}) by "
-            f"{t['to_node']}{after} fault #{t['fault']} ({t['fault_kind']}) on {t['from_node']}"
-        )
-    for r in s["recovery_after_kill"]:
-        got = "n/a" if r["recovery_s"] is None else f"{r['recovery_s']:.2f} s"
-        lines.append(
-            f"  kill #{r['fault']} {r['target']}: {r['transferable_partitions_held']} transferable "
-            f"partition(s) held, running elsewhere after {got} "
-            f"(floor cleanup+orphan check = {r['floor_s']:.2f} s)"
-        )
-    for key, inv in s["invariants"].items():
-        mark = "held" if inv["held"] else "VIOLATED"
-        lines.append(f"invariant {key} {mark}: {inv['statement']}")
-        for v in inv["violations"][:10]:
-            lines.append(f"    {v}")
-    lines.append("OK: every invariant held" if s["ok"] else "FAILED: an invariant was violated")
-    return "\n".join(lines)
+    return kinds
 
 
 @click.command("chaos")
-@click.option("--url", envvar="DBCLUSTER_URL", required=True, help="A scratch database URL.")
+@click.option(
+    "--url",
+    "urls",
+    envvar="DBCLUSTER_URL",
+    required=True,
+    multiple=True,
+    help="A scratch database URL. Give it once per server to spread the nodes over the "
+    "servers of one cluster (Galera nodes): worker i and job j's master use URL i (or j) "
+    "modulo their number; the run's own checks use the first.",
+)
 @click.option("--nodes", type=click.IntRange(min=1), default=4, show_default=True)
 @click.option("--jobs", type=click.IntRange(min=1), default=5, show_default=True)
 @click.option("--faults", type=click.IntRange(min=0), default=20, show_default=True)
@@ -664,10 +591,53 @@ def format_summary(s: dict[str, Any]) -> str:
     help="Partitions each node runs at once (few slots and short partitions: slots hand "
     "themselves on, partition after partition).",
 )
+@click.option(
+    "--kinds",
+    callback=lambda _ctx, _param, value: _kinds_option(value),
+    help=f"Comma-separated fault kinds to plan, of: {', '.join(ALL_KINDS)} (default: the "
+    "node kinds, and each database kind whose command is given).",
+)
+@click.option(
+    "--db-restart",
+    metavar="COMMAND",
+    help="Kind dbrestart: a command that restarts the database and returns once it takes "
+    "writes again, e.g. 'ci/ha.sh pg restart 3'.",
+)
+@click.option(
+    "--db-crash",
+    metavar="COMMAND",
+    help="Kind dbcrash: a command that crashes the database (kill -9, or stop -m immediate) "
+    "and starts it again, e.g. 'ci/ha.sh pg crash 3'.",
+)
+@click.option(
+    "--db-switchover",
+    metavar="COMMAND",
+    help="Kind switchover: a command that moves the primary to a standby (nodes reach it "
+    "through a multi-host URL), e.g. 'ci/ha.sh pg switchover --rebuild'.",
+)
+@click.option(
+    "--db-kill",
+    metavar="COMMAND",
+    help="Kind galera-kill: a command that kills the server of URL {node} (1-based; never "
+    "the first), e.g. 'ci/ha.sh galera kill {node}'.",
+)
+@click.option(
+    "--db-rejoin",
+    metavar="COMMAND",
+    help="With --db-kill: a command that starts server {node} again and returns once it has "
+    "rejoined, e.g. 'ci/ha.sh galera rejoin {node}'.",
+)
+@click.option(
+    "--node-env",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="A setting for every node process (e.g. DBCLUSTER_CLEANUP_THRESHOLD=20000), over the "
+    "run's short defaults.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @log_options()
 def chaos(
-    url: str,
+    urls: tuple[str, ...],
     nodes: int,
     jobs: int,
     faults: int,
@@ -678,6 +648,13 @@ def chaos(
     workdir: str | None,
     target: str,
     concurrency: int,
+    kinds: tuple[str, ...] | None,
+    db_restart: str | None,
+    db_crash: str | None,
+    db_switchover: str | None,
+    db_kill: str | None,
+    db_rejoin: str | None,
+    node_env: tuple[str, ...],
     as_json: bool,
     log_level: str | None,
     log_format: str,
@@ -698,8 +675,22 @@ def chaos(
     def say(message: str) -> None:
         progress.info("%s", message)
 
+    env = {"DBCLUSTER_CONCURRENCY_LIMIT": str(concurrency)}
+    for item in node_env:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise click.BadParameter(f"{item!r} is not NAME=VALUE", param_hint="--node-env")
+        env[name] = value
+    control = DbControl(db_restart, db_crash, db_switchover, db_kill, db_rejoin)
+    missing = control.missing(kinds or ())
+    if missing:
+        raise click.UsageError("; ".join(missing))
+    if kinds and "galera-kill" in kinds and len(urls) < 2:
+        raise click.UsageError(
+            "galera-kill needs --url once per Galera node (it never kills the first)"
+        )
     summary = run_chaos(
-        url,
+        list(urls),
         nodes=nodes,
         jobs=jobs,
         faults=faults,
@@ -710,7 +701,9 @@ def chaos(
         workdir=workdir,
         log=say,
         target=target,
-        env={"DBCLUSTER_CONCURRENCY_LIMIT": str(concurrency)},
+        env=env,
+        kinds=kinds,
+        db_control=control,
     )
     if as_json:
         click.echo(json.dumps(jsonable(summary), default=str, indent=2))

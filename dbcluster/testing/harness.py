@@ -22,7 +22,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -238,10 +238,14 @@ class Harness:
         *,
         env: Mapping[str, str] | None = None,
         app: str = APP,
+        node_urls: Sequence[str] | None = None,
     ) -> None:
         from dbcluster.dialects import provider_for_url
 
         self.url = url
+        #: Where the nodes connect: slot ``w<i>``/``m<j>`` to ``node_urls[i % n]`` (the servers
+        #: of one cluster, e.g. Galera nodes); by default ``url``.
+        self.node_urls = list(node_urls or [url])
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.app = app
@@ -265,10 +269,18 @@ class Harness:
 
     # --- processes --------------------------------------------------------------------------------
 
-    def _node_url(self) -> tuple[str, TcpProxy | None]:
-        if self.cut_method != "tcp-proxy":
-            return self.url, None
-        parsed = make_url(self.url)
+    def url_for(self, slot: str) -> str:
+        """The URL the process in ``slot`` (``w<i>`` or ``m<j>``) is given."""
+        digits = "".join(c for c in slot if c.isdigit())
+        return self.node_urls[int(digits or 0) % len(self.node_urls)]
+
+    def _node_url(self, base: str | None = None) -> tuple[str, TcpProxy | None]:
+        """The URL a node is given for ``base`` (default: the run's URL), and its proxy."""
+        base = self.url if base is None else base
+        parsed = make_url(base)
+        if self.cut_method != "tcp-proxy" or not parsed.host:
+            # A libpq multi-host URL names its servers in the query: no proxy (cut in-process).
+            return base, None
         port = parsed.port or self.provider.default_port
         if not (parsed.host and port):
             raise ConfigurationError(
@@ -282,7 +294,7 @@ class Harness:
     def _spawn(self, slot: str, role: str, args: list[str], out: bool) -> NodeProcess:
         self._counter += 1
         prefix = f"{slot}i{self._counter}"
-        url, proxy = self._node_url()
+        url, proxy = self._node_url(self.url_for(slot))
         cut_file = None if proxy is not None else self.workdir / f"cut-{prefix}"
         fault_dir = self.workdir / f"faults-{prefix}"
         fault_dir.mkdir(parents=True, exist_ok=True)
