@@ -26,6 +26,7 @@ from rich.table import Table
 from sqlalchemy import Engine
 
 from dbcluster.monitor import ClusterStatus, JobDetail, JobRow, partition_progress
+from dbcluster.states import PARTITION_IN_FLIGHT, PARTITION_STATUSES
 
 _UUID_TAIL = re.compile(r"^(?P<head>.+)-(?P<uuid>[0-9a-f]{32})$")
 
@@ -69,7 +70,7 @@ def fmt_duration(start: datetime | None, end: datetime | None) -> str:
 def fmt_counts(counts: dict[str, int]) -> str:
     if not counts:
         return "-"
-    order = ("PENDING", "CLAIMED", "COMPLETED", "FAILED")
+    order = PARTITION_STATUSES
     keys = [k for k in order if k in counts] + sorted(k for k in counts if k not in order)
     return ", ".join(f"{counts[k]} {k.lower()}" for k in keys)
 
@@ -283,7 +284,7 @@ class LaunchProgress:
         now = time.monotonic()
         with self._lock:
             if now - self._last_read.get(master_id, 0.0) < self.min_interval_s and sum(
-                counts.get(s, 0) for s in ("PENDING", "CLAIMED")
+                counts.get(s, 0) for s in PARTITION_IN_FLIGHT
             ):
                 return
             self._last_read[master_id] = now

@@ -25,8 +25,8 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
+from dbcluster import points
 from dbcluster.batch.exceptions import OptimisticLockingFailureError
-from dbcluster.testing import points
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

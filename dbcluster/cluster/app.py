@@ -10,6 +10,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, bindparam
 
+from dbcluster import points
 from dbcluster.batch.context import ExecutionContext
 from dbcluster.batch.domain import JobExecution
 from dbcluster.batch.exceptions import (
@@ -37,9 +38,8 @@ from dbcluster.cluster.settings import ClusterSettings
 from dbcluster.cluster.stopping import request_stop
 from dbcluster.cluster.unattended import UnattendedRuns
 from dbcluster.dialects import make_engine
-from dbcluster.dialects.base import COORD_MASTERED, COORD_STARTED
 from dbcluster.migrations import require_current_schema
-from dbcluster.testing import points
+from dbcluster.states import COORD_MASTERED, COORD_STARTED, MASTER_LAUNCHED
 
 log = logging.getLogger("dbcluster.cluster")
 
@@ -81,11 +81,10 @@ class Cluster(UnattendedRuns):
         #: the node is fenced.
         self.repository = self.node.repository
         self.handler = ClusterPartitionHandler(self.node, strategy)
-        self.launcher = JobLauncher(self.repository, self.handler, registry)
         # A job step's child job is a job of its own on the cluster: its coordination row names
         # this node its master, so a survivor takes it over like any other.
-        self.launcher.runtime.create_execution = lambda job, params, context: self.create_execution(
-            job, params, context=context
+        self.launcher = JobLauncher(
+            self.repository, self.handler, registry, child_executions=self._create_child_execution
         )
         #: Whether this node becomes the master of jobs whose master was lost (a process that
         #: ends with its own job, such as ``dbcluster launch``, does not).
@@ -164,6 +163,11 @@ class Cluster(UnattendedRuns):
         elif job.incrementer is None:
             self.launcher.next_parameters(job, parameters)  # raises the one-line reason
         return self.launches.submit(job.name, parameters, next_run=next_run)
+
+    def _create_child_execution(
+        self, job: Job, params: JobParameters, context: ExecutionContext | None
+    ) -> JobExecution:
+        return self.create_execution(job, params, context=context)
 
     def restart(self, execution_id: int) -> JobExecution:
         """Run a FAILED or ABANDONED execution's instance again (only unfinished partitions)."""
@@ -244,7 +248,7 @@ class Cluster(UnattendedRuns):
             coordination = provider.insert_coordination(
                 execution_id, node, *(at_step if pointing else ()), source=source
             )
-            launched = provider.insert_master(execution_id, 1, node, "launched", source=source)
+            launched = provider.insert_master(execution_id, 1, node, MASTER_LAUNCHED, source=source)
             return coordination, launched
 
         def riders() -> Riders:

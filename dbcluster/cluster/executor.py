@@ -37,7 +37,8 @@ from dbcluster.batch.transactions import UnclearCommitError
 from dbcluster.cluster.fencing import RELEASED, RETRIED, PartitionFence
 from dbcluster.cluster.identity import Identity
 from dbcluster.cluster.store import ClaimedPartition, PendingPartition
-from dbcluster.dialects.base import CLAIMED_JOB_PREFIX, PARTITION_COMPLETED
+from dbcluster.dialects.base import CLAIMED_JOB_PREFIX
+from dbcluster.states import PARTITION_COMPLETED
 
 if TYPE_CHECKING:
     from dbcluster.cluster.node import Node

@@ -20,15 +20,20 @@ from sqlalchemy import Connection
 from dbcluster.batch.domain import StepExecution, utcnow
 from dbcluster.batch.fence import FencedError, FoldedGuard
 from dbcluster.batch.status import BatchStatus
-from dbcluster.dialects.base import PARTITION_COMPLETED, PARTITION_FAILED
+from dbcluster.states import (
+    PARTITION_COMPLETED,
+    PARTITION_FAILED,
+    PARTITION_RELEASED,
+    PARTITION_RETRIED,
+)
 
 if TYPE_CHECKING:
     from dbcluster.cluster.store import CoordinationStore
 
 #: The outcome of a transferable partition stopped by a graceful shutdown: handed back.
-RELEASED = "RELEASED"
+RELEASED = PARTITION_RELEASED
 #: The outcome of a failed try of a transferable partition that gets another: back to PENDING.
-RETRIED = "RETRIED"
+RETRIED = PARTITION_RETRIED
 
 
 class PartitionFence:

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from dbcluster import points
 from dbcluster.batch.domain import PartitionsEnded, StepExecution
 from dbcluster.batch.fence import FencedError
 from dbcluster.cluster.assignment import AssignmentStrategy, LeastLoaded, RoundRobin
@@ -25,15 +26,14 @@ from dbcluster.cluster.mastership import Mastership, MastershipLostError
 from dbcluster.cluster.patience import is_connectivity_error, patiently
 from dbcluster.cluster.placement import NoLiveNodeError, Placer, Planned
 from dbcluster.cluster.store import OrphanedPartition
-from dbcluster.dialects.base import (
+from dbcluster.errors import ConfigurationError
+from dbcluster.states import (
     COORD_MASTERED,
     PARTITION_CLAIMED,
     PARTITION_FAILED,
     PARTITION_IN_FLIGHT,
     PARTITION_PENDING,
 )
-from dbcluster.errors import ConfigurationError
-from dbcluster.testing import points
 
 if TYPE_CHECKING:
     from dbcluster.batch.partition import PartitionStep

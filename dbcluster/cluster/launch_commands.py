@@ -14,12 +14,10 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
 from dbcluster.errors import DatabaseUnreachableError
+from dbcluster.states import LAUNCH_FAILED, LAUNCH_LAUNCHED
 
 URL_HELP = "SQLAlchemy database URL (or set DBCLUSTER_URL)."
 APP_HELP = "The application: module:attribute of a JobRegistry (or set DBCLUSTER_APP)."
-
-#: Request statuses after which ``submit --wait`` follows the execution.
-_ENDED = ("LAUNCHED", "FAILED")
 
 
 def open_checked_engine(url: str) -> Engine:
@@ -118,13 +116,15 @@ def _wait(launches: Any, engine: Any, request_id: int, timeout: float | None, as
     repository = JobRepository(engine)
     while True:
         row = launches.request(request_id)
-        if row is not None and row.status == "FAILED":
+        if row is not None and row.status == LAUNCH_FAILED:
             if as_json:
-                _json({"request_id": request_id, "status": "FAILED", "error": row.error_message})
+                _json(
+                    {"request_id": request_id, "status": LAUNCH_FAILED, "error": row.error_message}
+                )
             else:
                 click.echo(f"launch request {request_id} FAILED: {row.error_message}", err=True)
             return 1
-        if row is not None and row.status == "LAUNCHED":
+        if row is not None and row.status == LAUNCH_LAUNCHED:
             execution = repository.get_job_execution(int(row.job_execution_id))
             if execution is not None and not execution.status.is_running:
                 status = execution.status.value

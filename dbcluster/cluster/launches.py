@@ -26,8 +26,8 @@ from sqlalchemy.exc import IntegrityError
 
 from dbcluster.batch.parameters import JobParameters
 from dbcluster.cluster.store import CoordinationStore
-from dbcluster.dialects.base import LAUNCH_FAILED, LAUNCH_LAUNCHED
 from dbcluster.errors import DbclusterError
+from dbcluster.states import LAUNCH_FAILED, LAUNCH_LAUNCHED
 
 log = logging.getLogger("dbcluster.launches")
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection
 
+from dbcluster import points
 from dbcluster.batch.domain import StepExecution
 from dbcluster.batch.exceptions import BatchError
 from dbcluster.batch.observe import observers
@@ -20,7 +21,6 @@ from dbcluster.cluster.assignment import AssignmentStrategy
 from dbcluster.cluster.mastership import Mastership
 from dbcluster.cluster.patience import patiently
 from dbcluster.cluster.store import NodeInfo
-from dbcluster.testing import points
 
 if TYPE_CHECKING:
     from dbcluster.batch.partition import PartitionStep, PartitionWork

@@ -33,21 +33,24 @@ from dbcluster.batch.fence import Fence, hold
 from dbcluster.batch.repository import JobRepository, Riders
 from dbcluster.batch.status import EXIT_ABANDONED, EXIT_NODE_LOST, BatchStatus
 from dbcluster.dialects import QueryProvider, get_provider
-from dbcluster.dialects.base import (
+from dbcluster.dialects.base import PLACED_COLUMNS, array_parameters
+from dbcluster.inlists import in_batches
+from dbcluster.prebuilt import Prebuilt, PrebuiltStatements
+from dbcluster.schema import job_coordination, job_execution, partitions
+from dbcluster.states import (
     COORD_ABANDONED,
     COORD_COMPLETED,
     COORD_FAILED,
     COORD_RECOVERING,
+    COORD_STARTED,
+    JOB_COMPLETED,
     NODE_ACTIVE,
     PARTITION_COMPLETED,
     PARTITION_FAILED,
     PARTITION_PENDING,
-    PLACED_COLUMNS,
-    array_parameters,
+    PARTITION_RELEASED,
+    PARTITION_RETRIED,
 )
-from dbcluster.inlists import in_batches
-from dbcluster.prebuilt import Prebuilt, PrebuiltStatements
-from dbcluster.schema import job_coordination, job_execution, partitions
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -661,8 +664,8 @@ class CoordinationStore:
     def _end_partition(self, outcome: str) -> Any:
         provider = self.provider
         builders: dict[str, Callable[[Any, Any, Any], Any]] = {
-            "RELEASED": provider.release_partition,
-            "RETRIED": provider.retry_partition,
+            PARTITION_RELEASED: provider.release_partition,
+            PARTITION_RETRIED: provider.retry_partition,
             PARTITION_COMPLETED: lambda i, n, a: provider.finish_partition(
                 i, n, a, PARTITION_COMPLETED
             ),
@@ -1130,7 +1133,11 @@ class CoordinationStore:
         """The survivor that claimed a stranded job becomes its master: RECOVERING -> STARTED
         under the claimed epoch."""
         stmt = self.provider.set_coordination_status(
-            job.job_execution_id, job.master_node, job.master_epoch, [COORD_RECOVERING], "STARTED"
+            job.job_execution_id,
+            job.master_node,
+            job.master_epoch,
+            [COORD_RECOVERING],
+            COORD_STARTED,
         )
 
         def verify(conn: Connection) -> bool:
@@ -1141,7 +1148,8 @@ class CoordinationStore:
                     job_coordination.c.master_epoch,
                 ).where(job_coordination.c.job_execution_id == job.job_execution_id)
             ).first()
-            return row is not None and tuple(row) == ("STARTED", job.master_node, job.master_epoch)
+            expected = (COORD_STARTED, job.master_node, job.master_epoch)
+            return row is not None and tuple(row) == expected
 
         return self._guarded(stmt, "start mastership", verify)
 
@@ -1178,7 +1186,7 @@ class CoordinationStore:
                         job_execution.c.job_execution_id == job.job_execution_id
                     )
                 ).scalar_one_or_none()
-                status = COORD_COMPLETED if ended == "COMPLETED" else COORD_FAILED
+                status = COORD_COMPLETED if ended == JOB_COMPLETED else COORD_FAILED
             self.execute(
                 conn,
                 provider.set_coordination_status(

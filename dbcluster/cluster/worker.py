@@ -62,13 +62,13 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from dbcluster import points
 from dbcluster.batch.domain import utcnow
 from dbcluster.cluster.executor import Executor
 from dbcluster.cluster.identity import Identity
 from dbcluster.cluster.patience import is_passing
 from dbcluster.cluster.service import Service
 from dbcluster.cluster.store import NodeRemovedError
-from dbcluster.testing import points
 
 if TYPE_CHECKING:
     from dbcluster.cluster.node import Node

@@ -29,7 +29,7 @@ from dbcluster.cluster.identity import Identity
 from dbcluster.cluster.service import Service
 from dbcluster.cluster.settings import ClusterSettings
 from dbcluster.cluster.store import CoordinationStore, StrandedJob
-from dbcluster.dialects.base import COORD_ABANDONED
+from dbcluster.states import COORD_ABANDONED, MASTER_ABANDON, MASTER_TAKEOVER
 
 log = logging.getLogger("dbcluster.recovery")
 
@@ -115,7 +115,7 @@ class StrandedMasters(Service):
             taking = self._takes_over(job.job_execution_id)
             if not taking and not self._may_abandon(job.job_execution_id):
                 continue
-            reason = "takeover" if taking else "abandon"
+            reason = MASTER_TAKEOVER if taking else MASTER_ABANDON
             won = self.store.claim_stranded(job, me, reason)
             if won is None:
                 continue
