@@ -6,6 +6,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 from sqlalchemy import Connection, Engine, bindparam
@@ -39,6 +40,7 @@ from dbcluster.cluster.stopping import request_stop
 from dbcluster.cluster.unattended import UnattendedRuns
 from dbcluster.dialects import make_engine
 from dbcluster.migrations import require_current_schema
+from dbcluster.retry import Retry, quietly, warn_once
 from dbcluster.states import COORD_MASTERED, COORD_STARTED, MASTER_LAUNCHED
 
 log = logging.getLogger("dbcluster.cluster")
@@ -391,19 +393,26 @@ class Cluster(UnattendedRuns):
         return execution
 
     def _finish_patiently(self, execution: JobExecution, mastership: Mastership) -> JobExecution:
-        while True:
-            try:
-                commit_job(execution, self.launcher.runtime, final=True)
-                return execution
-            except FencedError as lost:
-                return self._after_losing(execution, mastership, lost)
-            except Exception as error:  # noqa: BLE001 - judged below
-                if mastership.fenced:
-                    return self._after_losing(execution, mastership, error)
-                if not is_connectivity_error(error):
-                    raise
-                log.warning("cannot record the end of execution %s yet: %s", execution.id, error)
-                time.sleep(self.settings.heartbeat_interval / 1000)
+        """Write the job's end until it lands (every heartbeat interval, one WARNING), while
+        this node is its master; once it is not, follow the job under its new master."""
+        writing = Retry.every(
+            self.settings.heartbeat_interval / 1000,
+            is_connectivity_error,
+            give_up=lambda: mastership.fenced,
+            on_retry=warn_once(log),
+        )
+        try:
+            writing.call(
+                lambda: commit_job(execution, self.launcher.runtime, final=True),
+                f"cannot record the end of execution {execution.id}",
+            )
+            return execution
+        except FencedError as lost:
+            return self._after_losing(execution, mastership, lost)
+        except Exception as error:
+            if mastership.fenced:
+                return self._after_losing(execution, mastership, error)
+            raise
 
     def _after_losing(
         self, execution: JobExecution, mastership: Mastership, why: BaseException
@@ -422,28 +431,34 @@ class Cluster(UnattendedRuns):
         announced: tuple[str, int] | None = (
             None if mastership is None else (mastership.node_id, mastership.epoch)
         )
+
+        def waits_out(error: BaseException) -> bool:
+            return is_connectivity_error(error) or store.provider.is_transient(error)
+
+        # A look that fails on the database is simply taken again at the next interval.
+        looking = Retry.every(interval, waits_out, on_retry=quietly)
         while True:
-            try:
-                execution = self.repository.get_job_execution(execution_id)
-                row = store.coordination(execution_id)
-                if execution is None:
-                    raise NoSuchJobExecutionError(f"job execution {execution_id} is gone")
-                master = None if row is None else (str(row.master_node), int(row.master_epoch))
-                if master is not None and master != announced and row.status in COORD_MASTERED:
-                    log.warning(
-                        "the mastership of execution %s moved to node %s (epoch %d)",
-                        execution_id,
-                        *master,
-                    )
-                    announced = master
-                if not execution.status.is_running:
-                    return execution
-                if row is not None and row.master_step_execution_id and self.handler.progress:
-                    step_id = int(row.master_step_execution_id)
-                    self.handler.progress(step_id, store.counts(step_id))
-            except NoSuchJobExecutionError:
-                raise
-            except Exception as error:  # noqa: BLE001 - the database may still be away
-                if not is_connectivity_error(error) and not store.provider.is_transient(error):
-                    raise
+            execution, row = looking.call(lambda: self._look_at(execution_id), "follow")
+            master = None if row is None else (str(row.master_node), int(row.master_epoch))
+            if master is not None and master != announced and row.status in COORD_MASTERED:
+                log.warning(
+                    "the mastership of execution %s moved to node %s (epoch %d)",
+                    execution_id,
+                    *master,
+                )
+                announced = master
+            if not execution.status.is_running:
+                return execution
+            if row is not None and row.master_step_execution_id and self.handler.progress:
+                step_id = int(row.master_step_execution_id)
+                counts = looking.call(partial(store.counts, step_id), "follow")
+                self.handler.progress(step_id, counts)
             time.sleep(interval)
+
+    def _look_at(self, execution_id: int) -> tuple[JobExecution, Any]:
+        """An execution and its coordination row (None once it is gone), as read now."""
+        execution = self.repository.get_job_execution(execution_id)
+        row = self.node.store.coordination(execution_id)
+        if execution is None:
+            raise NoSuchJobExecutionError(f"job execution {execution_id} is gone")
+        return execution, row

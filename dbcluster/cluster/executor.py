@@ -38,12 +38,14 @@ from dbcluster.cluster.fencing import RELEASED, RETRIED, PartitionFence
 from dbcluster.cluster.identity import Identity
 from dbcluster.cluster.store import ClaimedPartition, PendingPartition
 from dbcluster.dialects.base import CLAIMED_JOB_PREFIX
+from dbcluster.retry import Retry, warn_once
 from dbcluster.states import PARTITION_COMPLETED
 
 if TYPE_CHECKING:
     from dbcluster.cluster.node import Node
 
 log = logging.getLogger("dbcluster.node")
+
 
 CLAIMED, RUNNING, RELEASING, DONE = "claimed", "running", "releasing", "done"
 
@@ -375,41 +377,55 @@ class Executor:
         tried again only if its failure is retryable. A step that did not get as far is judged
         on ``error``, what stopped it: a transferable partition that a database outage stopped
         is tried again while it has tries left."""
+        identity = task.identity
+
+        def gone() -> bool:  # then its master decides
+            return identity.fenced.is_set() or self.node.stopping
+
+        if gone():
+            return
+        recording = Retry.every(
+            self.node.settings.heartbeat_interval / 1000,
+            lambda exc: not isinstance(exc, FencedError),
+            give_up=gone,
+            on_retry=warn_once(log),
+        )
+        try:
+            recording.call(
+                lambda: self._record_after_error(task, error),
+                f"cannot record partition {task.partition.step_execution_id}",
+            )
+        except Exception:  # noqa: BLE001 - fenced, or given up as the node leaves: not ours
+            return
+
+    def _record_after_error(self, task: Task, error: BaseException) -> None:
+        """One try of :meth:`_fail_after_error`."""
         p, identity = task.partition, task.identity
         ran = task.step_execution
-        while not identity.fenced.is_set() and not self.node.stopping:
-            try:
-                se = self.repository.get_step_execution(p.step_execution_id)
-                if se is None:
-                    return
-                if ran is not None and se.version != ran.version:
-                    # Its final commit landed after all (with the partition's outcome, and with
-                    # the claim of the next partition it made, which this node now runs), or
-                    # its master ended it (after taking the partition away).
-                    self._adopt_following(task)
-                    return
-                if ran is None and not se.status.is_running:
-                    return
-                fence = self._fence_for(task)
-                if ran is not None and not ran.status.is_running:
-                    ran.fence = fence
-                    commit_step(ran, self.runtime, final=True)
-                    self._recorded(task, fence.outcome)
-                    return
-                se.fence = fence
-                se.failure_exceptions.append(error)
-                self._end_without_running(
-                    task,
-                    se,
-                    f"node {identity.node_id} could not record the outcome of partition "
-                    f"{p.partition_name}",
-                )
-                return
-            except FencedError:
-                return  # no longer ours: its master decides
-            except Exception as exc:  # noqa: BLE001 - try again when the database answers
-                log.warning("cannot record partition %s yet: %s", p.step_execution_id, exc)
-                time.sleep(self.node.settings.heartbeat_interval / 1000)
+        se = self.repository.get_step_execution(p.step_execution_id)
+        if se is None:
+            return
+        if ran is not None and se.version != ran.version:
+            # Its final commit landed after all (with the partition's outcome, and with the
+            # claim of the next partition it made, which this node now runs), or its master
+            # ended it (after taking the partition away).
+            self._adopt_following(task)
+            return
+        if ran is None and not se.status.is_running:
+            return
+        fence = self._fence_for(task)
+        if ran is not None and not ran.status.is_running:
+            ran.fence = fence
+            commit_step(ran, self.runtime, final=True)
+            self._recorded(task, fence.outcome)
+            return
+        se.fence = fence
+        se.failure_exceptions.append(error)
+        self._end_without_running(
+            task,
+            se,
+            f"node {identity.node_id} could not record the outcome of partition {p.partition_name}",
+        )
 
     def _adopt_following(self, task: Task) -> None:
         """After a final write whose COMMIT was unclear and landed: the partition it claimed

@@ -17,8 +17,6 @@ Lock order (every dbcluster transaction takes rows in this order, so none deadlo
 from __future__ import annotations
 
 import logging
-import random
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -36,6 +34,7 @@ from dbcluster.dialects import QueryProvider, get_provider
 from dbcluster.dialects.base import PLACED_COLUMNS, array_parameters
 from dbcluster.inlists import in_batches
 from dbcluster.prebuilt import Prebuilt, PrebuiltStatements
+from dbcluster.retry import Retry
 from dbcluster.schema import job_coordination, job_execution, partitions
 from dbcluster.states import (
     COORD_ABANDONED,
@@ -181,8 +180,8 @@ class CoordinationStore:
     ) -> None:
         self.engine = engine
         self.provider = provider or get_provider(engine)
-        self.retries = retries
-        self.backoff_s = backoff_s
+        #: Transient errors (as the provider classifies them) are tried ``retries`` times more.
+        self.retry = Retry(self.provider.is_transient, attempts=retries + 1, pause_s=backoff_s)
         #: Single statements (reads, heartbeats) run here, each committing on its own; None:
         #: in a transaction of ``engine``.
         self.autocommit = autocommit
@@ -215,21 +214,6 @@ class CoordinationStore:
             rowcount = conn.execute(part, params).rowcount
         return rowcount
 
-    def _retrying(self, once: Callable[[], T], what: str) -> T:
-        """``once()`` repeated on transient errors (it must be safe to repeat: a read, or one
-        statement whose repetition does no harm)."""
-        delay = self.backoff_s
-        for attempt in range(self.retries + 1):
-            try:
-                return once()
-            except Exception as exc:
-                if attempt >= self.retries or not self.provider.is_transient(exc):
-                    raise
-                log.info("transient error in %s (retry %d): %s", what, attempt + 1, exc)
-                time.sleep(delay * (0.5 + random.random()))
-                delay *= 2
-        raise AssertionError("unreachable")
-
     def write_one(self, key: Any, build: Callable[[], Any], params: Any, what: str) -> int:
         """One prepared writing statement that is harmless to repeat, committed on its own: one
         round trip on the autocommit engine (a transaction where the database has no
@@ -243,7 +227,7 @@ class CoordinationStore:
             with engine.connect() as conn:
                 return int(conn.execute(bounded[0], params).rowcount)
 
-        return self._retrying(once, what)
+        return self.retry.call(once, what)
 
     def transaction(
         self,
@@ -257,11 +241,10 @@ class CoordinationStore:
         first try may have committed: ``verify`` (when given) reads the outcome from the rows
         and its non-None answer is returned instead of repeating ``work``. ``engine``: the
         autocommit engine, for a ``work`` that is one statement (it commits on its own)."""
-        delay = self.backoff_s
-        retried = False
-        for attempt in range(self.retries + 1):
+        run = self.retry.start(what)
+        while True:
             try:
-                if retried and verify is not None:
+                if run.attempt > 1 and verify is not None:
                     with self.engine.connect() as conn:
                         found = verify(conn)
                     if found is not None:
@@ -271,14 +254,9 @@ class CoordinationStore:
                         return work(conn)
                 with self.engine.begin() as conn:
                     return work(conn)
-            except Exception as exc:
-                if attempt >= self.retries or not self.provider.is_transient(exc):
+            except Exception as error:
+                if not run.again(error):
                     raise
-                log.info("transient error in %s (retry %d): %s", what, attempt + 1, exc)
-                retried = True
-                time.sleep(delay * (0.5 + random.random()))
-                delay *= 2
-        raise AssertionError("unreachable")
 
     def _rows(self, stmt: Any, what: str, params: Any = None) -> Sequence[Any]:
         """A read: one statement on the autocommit engine (no BEGIN/ROLLBACK), repeated on
@@ -289,7 +267,7 @@ class CoordinationStore:
             with engine.connect() as conn:
                 return conn.execute(stmt, params).all()
 
-        return self._retrying(once, what)
+        return self.retry.call(once, what)
 
     def _guarded(
         self,
