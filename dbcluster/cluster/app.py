@@ -1,9 +1,12 @@
-"""The entry point: a node for a job registry and a URL, and ``launch`` to be a job's master."""
+"""The entry point: a node for a job registry and a URL, and ``launch`` to be a job's master.
+
+:class:`Cluster` builds the node (:mod:`dbcluster.cluster.node`, which wires the node's own
+services) and the master's parts on the node's context: the partition handler, the launcher and
+the background runs that the node's services hand work to."""
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Mapping
 from functools import partial
@@ -27,17 +30,14 @@ from dbcluster.batch.partition import PartitionStep
 from dbcluster.batch.registry import JobRegistry
 from dbcluster.batch.repository import Riders
 from dbcluster.cluster.assignment import AssignmentStrategy
+from dbcluster.cluster.background import BackgroundRuns
 from dbcluster.cluster.handler import ClusterPartitionHandler
-from dbcluster.cluster.launches import LaunchStore
-from dbcluster.cluster.maintenance.launches import LaunchAcceptor
-from dbcluster.cluster.maintenance.scheduler import Scheduler
 from dbcluster.cluster.mastership import Mastership
 from dbcluster.cluster.node import Node
 from dbcluster.cluster.patience import is_connectivity_error
 from dbcluster.cluster.placement import PlaceLater
 from dbcluster.cluster.settings import ClusterSettings
 from dbcluster.cluster.stopping import request_stop
-from dbcluster.cluster.unattended import UnattendedRuns
 from dbcluster.dialects import make_engine
 from dbcluster.migrations import require_current_schema
 from dbcluster.retry import Retry, quietly, warn_once
@@ -46,7 +46,7 @@ from dbcluster.states import COORD_MASTERED, COORD_STARTED, MASTER_LAUNCHED
 log = logging.getLogger("dbcluster.cluster")
 
 
-class Cluster(UnattendedRuns):
+class Cluster:
     """This process's membership of the cluster.
 
     ``with Cluster(url, registry) as cluster: cluster.launch("job", {"date": "..."})`` joins as
@@ -82,43 +82,29 @@ class Cluster(UnattendedRuns):
         #: The node's repository: its transactions ride out transient errors and give up once
         #: the node is fenced.
         self.repository = self.node.repository
-        self.handler = ClusterPartitionHandler(self.node, strategy)
+        self.context = self.node.context
+        self.handler = ClusterPartitionHandler(
+            self.context, self.repository, strategy, offer=self.node.offer
+        )
         # A job step's child job is a job of its own on the cluster: its coordination row names
         # this node its master, so a survivor takes it over like any other.
         self.launcher = JobLauncher(
             self.repository, self.handler, registry, child_executions=self._create_child_execution
         )
+        self.launches = self.node.launches
+        #: Launch requests, automatic restarts and takeovers this node runs as their master.
+        self.background = BackgroundRuns(
+            self.context, registry, self.repository, self.launcher, self.launches, self
+        )
         #: Whether this node becomes the master of jobs whose master was lost (a process that
         #: ends with its own job, such as ``dbcluster launch``, does not).
-        self.node.takeover = self if take_over else None
-        self.node.relauncher = self if take_over else None
-        self._taking_over: set[int] = set()
-        self._relaunching: set[int] = set()
-        self._launching: set[int] = set()
-        self._lock = threading.Lock()
-        self.launches = LaunchStore(self.node.store)
+        self.node.takeover = self.background if take_over else None
+        self.node.relauncher = self.background if take_over else None
         #: Whether this node claims launch requests and fires the registry's schedules.
         self.accept_launches = accept_launches
         if accept_launches:
-            acceptor = LaunchAcceptor(
-                self.launches,
-                self.settings,
-                self.node.events,
-                self.node.acting,
-                self,
-                max_launches,
-            )
-            self.node.add_service(acceptor)
-            self.node.add_service(
-                Scheduler(
-                    self.launches,
-                    registry.schedules(),
-                    self.settings,
-                    self.node.events,
-                    self.node.acting,
-                    on_fired=acceptor.wake,
-                )
-            )
+            self.node.launcher = self.background
+            self.node.max_launches = max_launches
 
     def start(self) -> Cluster:
         # Once, before joining: a node on another schema version would fail later, mid-job.

@@ -29,8 +29,6 @@ from typing import TYPE_CHECKING, Any
 
 from dbcluster.batch.domain import JobExecution, StepExecution, utcnow
 from dbcluster.batch.fence import FencedError
-from dbcluster.batch.local import LocalPartitionHandler
-from dbcluster.batch.runtime import BatchRuntime
 from dbcluster.batch.status import BatchStatus, ExitStatus
 from dbcluster.batch.step import commit_step
 from dbcluster.batch.transactions import UnclearCommitError
@@ -42,7 +40,10 @@ from dbcluster.retry import Retry, warn_once
 from dbcluster.states import PARTITION_COMPLETED
 
 if TYPE_CHECKING:
-    from dbcluster.cluster.node import Node
+    from dbcluster.batch.registry import JobRegistry
+    from dbcluster.batch.runtime import BatchRuntime
+    from dbcluster.cluster.context import NodeContext
+    from dbcluster.cluster.stopping import StopRequests
 
 log = logging.getLogger("dbcluster.node")
 
@@ -74,22 +75,31 @@ class Task:
 
 
 class Executor:
-    """Runs claimed partitions on ``capacity`` threads; ``on_free`` is called each time one of
-    them ends (the poller may claim more)."""
+    """Runs claimed partitions on ``capacity`` threads, each a step of ``runtime``'s registry
+    (``stop_requests`` watches their jobs while they run); ``on_free`` is called each time one
+    of them ends (the poller may claim more)."""
 
     def __init__(
         self,
-        node: Node,
+        context: NodeContext,
+        runtime: BatchRuntime,
+        *,
+        capacity: int,
+        stop_requests: StopRequests,
         on_free: Callable[[], None],
         next_partition: Callable[[Identity], int | None] | None = None,
     ) -> None:
-        self.node = node
+        if runtime.registry is None:
+            raise ValueError("an executor of partitions needs a JobRegistry")
+        self.context = context
         #: A PENDING partition the node knows is waiting, for a final write to claim next.
         self.next_partition = next_partition
-        self.store = node.store
-        self.repository = node.repository
-        self.runtime = BatchRuntime(self.repository, LocalPartitionHandler(), node.registry)
-        self.capacity = node.capacity
+        self.store = context.store
+        self.runtime = runtime
+        self.repository = runtime.repository
+        self.registry: JobRegistry = runtime.registry
+        self.capacity = capacity
+        self.stop_requests = stop_requests
         self.on_free = on_free
         self._lock = threading.RLock()
         self._tasks: dict[int, Task] = {}
@@ -137,7 +147,9 @@ class Executor:
             p.attempt,
             "" if after is None else f" as {after} ended",
         )
-        self.node.events.claimed(identity.node_id, p.partition_name, p.step_execution_id, p.attempt)
+        self.context.events.claimed(
+            identity.node_id, p.partition_name, p.step_execution_id, p.attempt
+        )
         task = Task(p, identity)
         task.preloaded = self._step_execution(won)
         with self._lock:
@@ -182,7 +194,7 @@ class Executor:
 
     def _begin(self, task: Task) -> bool:
         with self._lock:
-            if task.state != CLAIMED or task.identity.fenced.is_set() or self.node.stopping:
+            if task.state != CLAIMED or task.identity.fenced.is_set() or self.context.stopping:
                 return False
             task.state = RUNNING
             return True
@@ -200,7 +212,7 @@ class Executor:
         following = None
         try:
             if not self._begin(task):
-                if task.state == CLAIMED and self.node.stopping:
+                if task.state == CLAIMED and self.context.stopping:
                     self._release(task)
                 return None
             began = time.monotonic()
@@ -250,7 +262,7 @@ class Executor:
             p.attempt,
             transferable=p.transferable,
             fenced=task.identity.fenced,
-            stopping=lambda: self.node.stopping,
+            stopping=lambda: self.context.stopping,
             max_attempts=p.max_attempts,
             retryable=lambda se: self._retryable(p.worker_step_name, se),
             next_partition=next_partition,
@@ -259,8 +271,7 @@ class Executor:
     def _retryable(self, worker_step_name: str, se: StepExecution) -> bool:
         """Whether a failed try is worth another: its partitioned step declares the failure
         retryable, or the failure is a transient database error."""
-        assert self.node.registry is not None
-        step = self.node.registry.partition_step_of(worker_step_name)
+        step = self.registry.partition_step_of(worker_step_name)
         provider = self.store.provider
         return any(
             (step is not None and step.retryable(error))
@@ -284,7 +295,7 @@ class Executor:
                 return
         # Its job's stop request reaches it through the node's periodic check (no read of its
         # own per chunk).
-        stop_requests = self.node.stop_requests
+        stop_requests = self.stop_requests
         stop_requests.watch(se.job_execution)
         try:
             self._run_step(task, se, fence)
@@ -293,9 +304,8 @@ class Executor:
 
     def _run_step(self, task: Task, se: StepExecution, fence: PartitionFence) -> None:
         p, identity = task.partition, task.identity
-        assert self.node.registry is not None
         try:
-            step = self.node.registry.get_step(p.worker_step_name)
+            step = self.registry.get_step(p.worker_step_name)
         except Exception as exc:  # noqa: BLE001 - recorded on the step execution
             self._end_without_running(
                 task, se, f"node {identity.node_id} has no step {p.worker_step_name!r}: {exc}"
@@ -324,7 +334,7 @@ class Executor:
 
     def _recorded(self, task: Task, outcome: str | None) -> None:
         p, node_id = task.partition, task.identity.node_id
-        events = self.node.events
+        events = self.context.events
         if outcome == RELEASED:
             log.info("node %s handed back stopped partition %s", node_id, p.partition_name)
             events.released(node_id, p.partition_name, p.step_execution_id)
@@ -361,7 +371,9 @@ class Executor:
             p.step_execution_id,
             reason,
         )
-        self.node.events.lost(task.identity.node_id, p.partition_name, p.step_execution_id, reason)
+        self.context.events.lost(
+            task.identity.node_id, p.partition_name, p.step_execution_id, reason
+        )
 
     def _fail_after_error(self, task: Task, error: BaseException) -> None:
         """The step could not record its outcome (its final transaction failed beyond the retry
@@ -380,12 +392,12 @@ class Executor:
         identity = task.identity
 
         def gone() -> bool:  # then its master decides
-            return identity.fenced.is_set() or self.node.stopping
+            return identity.fenced.is_set() or self.context.stopping
 
         if gone():
             return
         recording = Retry.every(
-            self.node.settings.heartbeat_interval / 1000,
+            self.context.settings.heartbeat_interval / 1000,
             lambda exc: not isinstance(exc, FencedError),
             give_up=gone,
             on_retry=warn_once(log),
@@ -454,7 +466,7 @@ class Executor:
                     p.partition_name,
                     p.step_execution_id,
                 )
-                self.node.events.released(
+                self.context.events.released(
                     task.identity.node_id, p.partition_name, p.step_execution_id
                 )
         except Exception as exc:  # noqa: BLE001 - the master recovers it once we are removed
@@ -476,7 +488,7 @@ class Executor:
     def drain(self, deadline: float) -> None:
         """A graceful stop: hand back what has not started, let running partitions finish (or
         stop them at the deadline), then shut the thread pool down."""
-        identity = self.node._identity
+        identity = self.context.membership.current
         if identity is not None and not identity.fenced.is_set():
             try:
                 handed = self.store.release_pending(identity.node_id)
@@ -484,7 +496,7 @@ class Executor:
                     log.info(
                         "node %s handed back %d unclaimed partition(s)", identity.node_id, handed
                     )
-                    self.node.events.released(identity.node_id, None, None)
+                    self.context.events.released(identity.node_id, None, None)
             except Exception as exc:  # noqa: BLE001 - they move once we leave the registry
                 log.warning("could not hand back unclaimed partitions: %s", exc)
         with self._lock:
@@ -501,7 +513,8 @@ class Executor:
                 for task in running:
                     if task.step_execution is not None:
                         task.step_execution.terminate_only = True
-            self._wait_running(time.monotonic() + max(1.0, self.node.settings.drain_timeout / 1000))
+            grace_s = max(1.0, self.context.settings.drain_timeout / 1000)
+            self._wait_running(time.monotonic() + grace_s)
         self._pool.shutdown(wait=False)
 
     def _claim_back(self, task: Task) -> bool:

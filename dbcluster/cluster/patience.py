@@ -23,8 +23,8 @@ from dbcluster.batch.transactions import UnclearCommitError
 from dbcluster.retry import Retry, warn_once
 
 if TYPE_CHECKING:
+    from dbcluster.cluster.context import NodeContext
     from dbcluster.cluster.mastership import Mastership
-    from dbcluster.cluster.node import Node
 
 log = logging.getLogger("dbcluster.master")
 T = TypeVar("T")
@@ -77,6 +77,12 @@ class Patience:
 
         self.retry = Retry.every(pause_ms / 1000, waits_out, on_retry=warn_once(log))
 
+    @classmethod
+    def of(cls, context: NodeContext) -> Patience:
+        """A node's masters' patience: the provider's transient errors, every
+        ``master_check_interval``."""
+        return cls(context.store.provider.is_transient, context.settings.master_check_interval)
+
     def run(self, mastership: Mastership, work: Callable[[], T], what: str) -> T:
         """``work()`` once it succeeds (see the class doc); ``what`` it does, for the log."""
 
@@ -85,10 +91,3 @@ class Patience:
             return work()
 
         return self.retry.call(as_master, f"master {mastership.node_id} cannot {what}")
-
-
-def patiently(node: Node, mastership: Mastership, work: Callable[[], Any], what: str) -> Any:
-    """Run ``work`` until it succeeds, waiting out database errors while this node is the
-    master (a fenced node stops: :class:`MastershipLostError`)."""
-    patience = Patience(node.store.provider.is_transient, node.settings.master_check_interval)
-    return patience.run(mastership, work, what)

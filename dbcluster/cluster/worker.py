@@ -64,6 +64,7 @@ from typing import TYPE_CHECKING
 
 from dbcluster import points
 from dbcluster.batch.domain import utcnow
+from dbcluster.cluster.context import NodeContext
 from dbcluster.cluster.executor import Executor
 from dbcluster.cluster.identity import Identity
 from dbcluster.cluster.patience import is_passing
@@ -71,7 +72,8 @@ from dbcluster.cluster.service import Service
 from dbcluster.cluster.store import NodeRemovedError
 
 if TYPE_CHECKING:
-    from dbcluster.cluster.node import Node
+    from dbcluster.batch.runtime import BatchRuntime
+    from dbcluster.cluster.stopping import StopRequests
 
 log = logging.getLogger("dbcluster.node")
 
@@ -92,19 +94,34 @@ WITHDRAWN_PROBE_MAX_MS = 600_000
 
 
 class Worker(Service):
-    """The node's poller (this service) and its partition executor (``concurrency_limit``
-    threads)."""
+    """The node's poller (this service) and its partition executor (``capacity`` threads
+    running the steps of ``runtime``'s registry; the jobs they run are watched for stop
+    requests by ``stop_requests``)."""
 
     name = "poll"
 
-    def __init__(self, node: Node) -> None:
-        self.idle_interval_ms = node.settings.task_polling_interval
+    def __init__(
+        self,
+        context: NodeContext,
+        runtime: BatchRuntime,
+        *,
+        capacity: int,
+        stop_requests: StopRequests,
+    ) -> None:
+        self.idle_interval_ms = context.settings.task_polling_interval
         super().__init__(self.idle_interval_ms)
-        self.node = node
-        self.store = node.store
-        self.settings = node.settings
-        self.capacity = node.capacity
-        self.executor = Executor(node, self._slot_freed, self._next_partition)
+        self.context = context
+        self.store = context.store
+        self.settings = context.settings
+        self.capacity = capacity
+        self.executor = Executor(
+            context,
+            runtime,
+            capacity=capacity,
+            stop_requests=stop_requests,
+            on_free=self._slot_freed,
+            next_partition=self._next_partition,
+        )
         #: Whether every partition of the last claim that won any was transferable.
         self._transferable = False
         self._backlog = False
@@ -139,7 +156,7 @@ class Worker(Service):
     def _next_partition(self, identity: Identity) -> int | None:
         """For a slot whose partition ends: one partition known to be waiting (offered, or
         found by a poll beyond what it claimed), for its final write to claim next."""
-        if self.node.acting() is not identity:  # fenced, leaving, or silent too long
+        if self.context.usable_identity() is not identity:  # fenced, leaving, or silent too long
             return None
         taken = self._take_offers(identity.node_id, 1)
         return taken[0] if taken else None
@@ -169,7 +186,7 @@ class Worker(Service):
     # --- poll and claim -------------------------------------------------------------------------
 
     def run_once(self) -> None:
-        identity = self.node.acting()
+        identity = self.context.usable_identity()
         if identity is None:
             return
         free = self._room()
@@ -244,15 +261,15 @@ class Worker(Service):
             log.warning("node %s could not hand its partitions back: %s", identity.node_id, exc)
             return
         if withdrawing:
-            self.node.events.withdrawn(identity.node_id, self.withdrawn, handed)
+            self.context.events.withdrawn(identity.node_id, self.withdrawn, handed)
 
     def _take_work_again(self, identity: Identity) -> None:
         """A claim worked after the node withdrew: it takes partitions again (unless it is
         leaving, which withdrew its capacity for good)."""
-        if self.node.stopping:
+        if self.context.stopping:
             return
         self.store.set_capacity(identity.node_id, self.capacity)
-        if self.node.stopping:  # a graceful stop began meanwhile: its capacity 0 stands
+        if self.context.stopping:  # a graceful stop began meanwhile: its capacity 0 stands
             self.store.set_capacity(identity.node_id, 0)
             return
         log.info("node %s takes partitions again: a claim worked", identity.node_id)
@@ -294,17 +311,17 @@ class Worker(Service):
                 try:
                     self.store.claim(identity.node_id, self.load, [], utcnow())
                 except NodeRemovedError as exc:
-                    self.node.fence(identity, str(exc))
+                    self.context.fence(identity, str(exc))
             return False
         points.reach("node.between_poll_and_claim", node_id=identity.node_id, partitions=polled)
-        if identity.fenced.is_set() or self.node.stopping:
+        if identity.fenced.is_set() or self.context.stopping:
             return True
         try:
             won = self.store.claim(
                 identity.node_id, self.load, polled, utcnow(), with_jobs=with_jobs
             )
         except NodeRemovedError as exc:
-            self.node.fence(identity, str(exc))
+            self.context.fence(identity, str(exc))
             return True
         self._withdrawals = 0
         if won:
