@@ -236,7 +236,7 @@ class Executor:
         if fence is None or fence.outcome is None:
             return None
         try:
-            won = self.store.chained(fence.chained)
+            won = self.store.claimed_next(fence.next_claim)
             if won is None:
                 return None
             return self._held(task.identity, won, task.partition.partition_name)

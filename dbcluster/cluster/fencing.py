@@ -78,7 +78,7 @@ class PartitionFence:
         self._asked = False
         #: What the final write's claim of the next partition read back (its last try), when
         #: it was written: a row whose ``p_id`` is NULL when that partition was not won.
-        self.chained: Any | None = None
+        self.next_claim: Any | None = None
 
     def _refuse(self, why: str) -> FencedError:
         return FencedError(
@@ -119,9 +119,9 @@ class PartitionFence:
             self.outcome = outcome
 
         def took(row: Any) -> None:
-            self.chained = row
+            self.next_claim = row
 
-        self.chained = None
+        self.next_claim = None
         following = self._following(outcome)
         return FoldedGuard(
             statement,

@@ -130,21 +130,22 @@ class Placer:
                 **traced,
             }
 
-        riding: list[Riders] = []
+        #: The lone partition's placement, where it rides on its step execution's creation.
+        lone: list[Riders] = []
 
-        def placing_one(pending: list[tuple[str, Any, bool]]) -> Riders | None:
+        def place_lone_partition(pending: list[tuple[str, Any, bool]]) -> Riders | None:
             """A lone partition is placed (and its node woken) by the statement that creates
             its step execution, where the database can: one round trip fewer."""
             if len(pending) != 1:
                 return None
             name, _, transferable = pending[0]
             chosen.update(self.strategy.assign([name], workers))
-            riders = store.placing_one(row(name, transferable))
-            riding.extend([riders] if riders is not None else [])
-            return riders
+            placement = store.lone_partition_placement(row(name, transferable))
+            lone.extend([placement] if placement is not None else [])
+            return placement
 
         works = step.split(
-            master, len(workers), runtime, conn, planned=planned, riders_for=placing_one
+            master, len(workers), runtime, conn, planned=planned, riders_for=place_lone_partition
         )
         if works and not chosen:
             chosen.update(self.strategy.assign([w.name for w in works], workers))
@@ -152,7 +153,7 @@ class Placer:
         placed_on: dict[str, list[int]] = {}
         for w in works:
             placed_on.setdefault(placement[w.name], []).append(w.step_execution.id)
-        if works and not (riding and riding[0].rows is not None):
+        if works and not (lone and lone[0].rows is not None):
             store.place_partitions(
                 conn,
                 [

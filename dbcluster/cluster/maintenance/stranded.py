@@ -61,7 +61,7 @@ class StrandedMasters(Service):
         repository: JobRepository,
         settings: ClusterSettings,
         events: ClusterEvents,
-        acting: Callable[[], Identity | None],
+        usable_identity: Callable[[], Identity | None],
         takeover: Takeover | None = None,
     ) -> None:
         super().__init__(settings.stranded_master_scan_interval)
@@ -69,7 +69,7 @@ class StrandedMasters(Service):
         self.repository = repository
         self.settings = settings
         self.events = events
-        self.acting = acting
+        self.usable_identity = usable_identity
         self.takeover = takeover
         #: When this node first saw each stranded job it could not take over (monotonic).
         self._seen: dict[int, float] = {}
@@ -87,7 +87,7 @@ class StrandedMasters(Service):
     def recover(self) -> list[int]:
         """Recover every stranded job this node can; the job execution ids it recovered."""
         recovered: list[int] = []
-        identity = self.acting()
+        identity = self.usable_identity()
         if identity is None:
             return recovered
         me = identity.node_id

@@ -34,8 +34,39 @@ def _claim_binds() -> tuple[Any, ...]:
     )
 
 
+def claimed_partitions(rows: Iterable[Any]) -> list[ClaimedPartition]:
+    """The partitions a claim won, from the rows it read back (``p_*`` columns, and the step
+    execution's as the claim left it)."""
+    claimed = []
+    for row in rows:
+        partition = PendingPartition(
+            int(row["p_id"]),
+            int(row["job_execution_id"]),
+            int(row["p_master_id"]),
+            row["p_name"],
+            int(row["p_attempt"]),
+            bool(row["p_transferable"]),
+            row["p_worker_step_name"],
+            int(row["p_max_attempts"]),
+        )
+        claimed.append(ClaimedPartition(partition, row))
+    return claimed
+
+
 class Claims(Connector):
     """``batch_partitions`` as workers see them."""
+
+    def touch_own_row(self, conn: Connection, node_id: str, load: int) -> None:
+        """Lock the node's own registry row (publishing its load): a node removed since it
+        polled gets :class:`NodeRemovedError` (a removal waits for what locked it to commit)."""
+        touched = self.run(
+            conn,
+            "touch",
+            lambda: self.provider.touch_node(bindparam("b_node"), bindparam("b_load")),
+            {"b_node": node_id, "b_load": load},
+        )
+        if touched != 1:
+            raise NodeRemovedError(f"node {node_id} is no longer registered")
 
     def poll(
         self,
@@ -90,87 +121,10 @@ class Claims(Connector):
         whose commit's outcome is unclear is judged from the rows. ``with_jobs``: the one
         statement also reads back each partition's job execution where it can (for partitions
         of jobs the node may not know yet: what a wake-up offered)."""
-        provider = self.provider
-        ids = list(step_execution_ids)
-        node = {"b_node": node_id}
-        select_claimed = self._select_claimed()
-        claim_and_start, prebuilt_claim = self._claim_statement(with_jobs, len(ids))
-
-        touch = lambda: provider.touch_node(bindparam("b_node"), bindparam("b_load"))  # noqa: E731
-
-        def removed() -> NodeRemovedError:
-            return NodeRemovedError(f"node {node_id} is no longer registered")
-
-        def touch_own_row(conn: Connection) -> None:
-            if self.run(conn, "touch", touch, {**node, "b_load": load}) != 1:
-                raise removed()
-
-        def verify(conn: Connection) -> list[ClaimedPartition] | None:
-            # What an unclear claim won, read while the node's own row is locked: a node
-            # removed meanwhile (its claims fenced under a new attempt in the transaction that
-            # deleted its row) learns it here instead of taking its partitions back under the
-            # new attempt.
-            with conn.begin():
-                touch_own_row(conn)
-                found = conn.execute(select_claimed, {**node, "b_ids": ids}).mappings()
-                return self._claimed(found) or None
-
-        if claim_and_start is not None and self.autocommit is not None:
-            params = {**node, "b_ids": ids, "b_started_at": started_at, "b_load": load}
-            tries = 0
-
-            def claim_at_once(conn: Connection) -> list[ClaimedPartition]:
-                nonlocal tries
-                tries += 1
-                if prebuilt_claim is not None:
-                    rows = [row._mapping for row in prebuilt_claim.all(conn, params)]
-                else:
-                    rows = conn.execute(claim_and_start, params).mappings().all()
-                if not rows:
-                    raise removed()
-                won = self._claimed(row for row in rows if row["p_id"] is not None)
-                if tries == 1:
-                    return won
-                # An earlier try's statement may have gone on after its connection was lost
-                # (the server finishes a statement whose client is gone) and committed a claim
-                # after this try's verify looked: this try queued behind it on the node's row,
-                # so reading now finds what either won.
-                with self.engine.connect() as check:
-                    return verify(check) or []
-
-            return self.transaction(claim_at_once, "claim", verify, engine=self.autocommit)
-
-        def work(conn: Connection) -> list[ClaimedPartition]:
-            touch_own_row(conn)
-            lock = self.prepared(
-                "lock claimable",
-                lambda: provider.lock_claimable(bindparam("b_ids", expanding=True)),
-            )
-            locked = [int(r[0]) for r in conn.execute(lock, {"b_ids": ids})]
-            if not locked:
-                return []
-            params = {**node, "b_ids": locked}
-            self.run(
-                conn,
-                "claim",
-                lambda: provider.claim_partitions(
-                    bindparam("b_node"), bindparam("b_ids", expanding=True)
-                ),
-                params,
-            )
-            self.run(
-                conn,
-                "start claimed",
-                lambda: provider.start_claimed(
-                    bindparam("b_node"),
-                    bindparam("b_ids", expanding=True),
-                    bindparam("b_started_at"),
-                ),
-                {**params, "b_started_at": started_at},
-            )
-            return self._claimed(conn.execute(select_claimed, params).mappings())
-
-        return self.transaction(work, "claim", verify)
+        claim = PartitionClaim(self, node_id, load, step_execution_ids, started_at, with_jobs)
+        if claim.one_statement is not None and self.autocommit is not None:
+            return self.transaction(claim.at_once, "claim", claim.verify, engine=self.autocommit)
+        return self.transaction(claim.in_steps, "claim", claim.verify)
 
     def _select_claimed(self) -> Any:
         return self.prepared(
@@ -188,7 +142,7 @@ class Claims(Connector):
             "read claimed",
             {"b_node": node_id, "b_ids": list(step_execution_ids)},
         )
-        return self._claimed(row._mapping for row in rows)
+        return claimed_partitions(row._mapping for row in rows)
 
     def _claim_statement(self, with_jobs: bool, count: int) -> tuple[Any, Prebuilt | None]:
         """The one-statement claim (None where the database has none), reading back the jobs
@@ -217,29 +171,13 @@ class Claims(Connector):
         )
         return claim_and_start, prebuilt
 
-    def chained(self, row: Any) -> ClaimedPartition | None:
-        """The partition a final write claimed next (see ``PartitionFence.chained``), or None
-        when it won none."""
+    @staticmethod
+    def claimed_next(row: Any) -> ClaimedPartition | None:
+        """The partition a final write claimed next (the row its claim read back:
+        ``PartitionFence.next_claim``), or None when it won none."""
         if row is None or row["p_id"] is None:
             return None
-        return self._claimed([row])[0]
-
-    @staticmethod
-    def _claimed(rows: Iterable[Any]) -> list[ClaimedPartition]:
-        claimed = []
-        for row in rows:
-            partition = PendingPartition(
-                int(row["p_id"]),
-                int(row["job_execution_id"]),
-                int(row["p_master_id"]),
-                row["p_name"],
-                int(row["p_attempt"]),
-                bool(row["p_transferable"]),
-                row["p_worker_step_name"],
-                int(row["p_max_attempts"]),
-            )
-            claimed.append(ClaimedPartition(partition, row))
-        return claimed
+        return claimed_partitions([row])[0]
 
     def hold_partition(
         self, conn: Connection, step_execution_id: int, node_id: str, attempt: int
@@ -303,3 +241,95 @@ class Claims(Connector):
             return self.execute(conn, self.provider.release_pending_for_node(node_id))
 
         return self.transaction(work, "release pending")
+
+
+class PartitionClaim:
+    """One claim of :meth:`Claims.claim`: polled partitions for one node, tried in one statement
+    that commits on its own (:meth:`at_once`) or in one transaction of five (:meth:`in_steps`),
+    each try judged by :meth:`verify` after an unclear commit."""
+
+    def __init__(
+        self,
+        store: Claims,
+        node_id: str,
+        load: int,
+        step_execution_ids: Sequence[int],
+        started_at: datetime,
+        with_jobs: bool,
+    ) -> None:
+        self.store = store
+        self.node_id = node_id
+        self.load = load
+        self.ids = list(step_execution_ids)
+        self.started_at = started_at
+        self.select_claimed = store._select_claimed()
+        self.one_statement, self.prebuilt = store._claim_statement(with_jobs, len(self.ids))
+        self.tries = 0
+
+    def verify(self, conn: Connection) -> list[ClaimedPartition] | None:
+        """What an unclear claim won, read while the node's own row is locked: a node removed
+        meanwhile (its claims fenced under a new attempt in the transaction that deleted its
+        row) learns it here instead of taking its partitions back under the new attempt."""
+        with conn.begin():
+            self.store.touch_own_row(conn, self.node_id, self.load)
+            params = {"b_node": self.node_id, "b_ids": self.ids}
+            found = conn.execute(self.select_claimed, params).mappings()
+            return claimed_partitions(found) or None
+
+    def at_once(self, conn: Connection) -> list[ClaimedPartition]:
+        """The whole claim in one statement (on the autocommit engine)."""
+        self.tries += 1
+        params = {
+            "b_node": self.node_id,
+            "b_ids": self.ids,
+            "b_started_at": self.started_at,
+            "b_load": self.load,
+        }
+        if self.prebuilt is not None:
+            rows = [row._mapping for row in self.prebuilt.all(conn, params)]
+        else:
+            rows = conn.execute(self.one_statement, params).mappings().all()
+        if not rows:
+            raise NodeRemovedError(f"node {self.node_id} is no longer registered")
+        won = claimed_partitions(row for row in rows if row["p_id"] is not None)
+        if self.tries == 1:
+            return won
+        # An earlier try's statement may have gone on after its connection was lost (the server
+        # finishes a statement whose client is gone) and committed a claim after this try's
+        # verify looked: this try queued behind it on the node's row, so reading now finds
+        # what either won.
+        with self.store.engine.connect() as check:
+            return self.verify(check) or []
+
+    def in_steps(self, conn: Connection) -> list[ClaimedPartition]:
+        """The claim as a transaction: the node's row, the partitions still PENDING locked,
+        moved to CLAIMED, their step executions STARTED, and what was won read back."""
+        store, provider = self.store, self.store.provider
+        store.touch_own_row(conn, self.node_id, self.load)
+        lock = store.prepared(
+            "lock claimable",
+            lambda: provider.lock_claimable(bindparam("b_ids", expanding=True)),
+        )
+        locked = [int(r[0]) for r in conn.execute(lock, {"b_ids": self.ids})]
+        if not locked:
+            return []
+        params = {"b_node": self.node_id, "b_ids": locked}
+        store.run(
+            conn,
+            "claim",
+            lambda: provider.claim_partitions(
+                bindparam("b_node"), bindparam("b_ids", expanding=True)
+            ),
+            params,
+        )
+        store.run(
+            conn,
+            "start claimed",
+            lambda: provider.start_claimed(
+                bindparam("b_node"),
+                bindparam("b_ids", expanding=True),
+                bindparam("b_started_at"),
+            ),
+            {**params, "b_started_at": self.started_at},
+        )
+        return claimed_partitions(conn.execute(self.select_claimed, params).mappings())

@@ -39,23 +39,23 @@ class Placing(WakeUps):
         arrays = self.prepared(
             "insert partitions from arrays", provider.insert_partitions_from_arrays
         )
-        together = None
+        insert_and_notify = None
         if arrays is not None and provider.supports_listen_notify and provider.notify_payload_max:
-            together = self.prepared(
+            insert_and_notify = self.prepared(
                 "insert partitions and notify",
                 lambda: provider.together(arrays, self.notify_with_offers()),
             )
-        if together is None or not placed:
+        if insert_and_notify is None or not placed:
             self.insert_partitions(conn, rows)
             self.wake_nodes(conn, placed.keys(), placed)
             return
         self._prebuilt.rows(
             conn,
-            together,
+            insert_and_notify,
             {**_placed_arrays(rows), **self.offer_parameters(sorted(placed), placed)},
         )
 
-    def placing_one(self, row: Mapping[str, Any]) -> Riders | None:
+    def lone_partition_placement(self, row: Mapping[str, Any]) -> Riders | None:
         """A lone partition's row and the wake-up of its node, to go in the statement that
         creates its step execution (see :class:`~dbcluster.batch.repository.Riders`): ``row``
         as :meth:`place_partitions` takes one, without its step execution's id. None where the
