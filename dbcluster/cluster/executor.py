@@ -25,17 +25,17 @@ from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from dbcluster.batch.domain import JobExecution, StepExecution, utcnow
+from dbcluster.batch.domain import StepExecution, utcnow
 from dbcluster.batch.fence import FencedError
 from dbcluster.batch.status import BatchStatus, ExitStatus
 from dbcluster.batch.step import commit_step
 from dbcluster.batch.transactions import UnclearCommitError
+from dbcluster.cluster.claimed import ClaimedExecutions
 from dbcluster.cluster.fencing import RELEASED, RETRIED, PartitionFence
 from dbcluster.cluster.identity import Identity
 from dbcluster.cluster.store import ClaimedPartition, PendingPartition
-from dbcluster.dialects.base import CLAIMED_JOB_PREFIX
 from dbcluster.retry import Retry, warn_once
 from dbcluster.states import PARTITION_COMPLETED
 
@@ -55,8 +55,6 @@ current_node_id: ContextVar[str | None] = ContextVar("dbcluster_current_node_id"
 #: The attempt (fencing token) of the partition being run.
 current_attempt: ContextVar[int | None] = ContextVar("dbcluster_current_attempt", default=None)
 
-#: Job executions kept per node (their parameters and context, read once and shared).
-_JOB_CACHE = 64
 #: The weight of the newest run in :attr:`Executor.recent_run_ms` (an exponential average).
 _RUN_MS_WEIGHT = 0.2
 
@@ -103,7 +101,8 @@ class Executor:
         self.on_free = on_free
         self._lock = threading.RLock()
         self._tasks: dict[int, Task] = {}
-        self._jobs: dict[int, JobExecution] = {}
+        #: What claims won, as the batch model's objects (their jobs read once per node).
+        self.claimed = ClaimedExecutions(self.repository)
         self._pool = ThreadPoolExecutor(self.capacity, thread_name_prefix="dbcluster-part")
         #: How long this node's partitions ran lately (an exponential average, milliseconds);
         #: None before the first one ended.
@@ -122,8 +121,7 @@ class Executor:
 
     def knows_job(self, job_execution_id: int) -> bool:
         """Whether this node has the job execution (its partitions need no read of it)."""
-        with self._lock:
-            return job_execution_id in self._jobs
+        return self.claimed.knows_job(job_execution_id)
 
     def holds(self, step_execution_id: int) -> bool:
         with self._lock:
@@ -151,44 +149,10 @@ class Executor:
             identity.node_id, p.partition_name, p.step_execution_id, p.attempt
         )
         task = Task(p, identity)
-        task.preloaded = self._step_execution(won)
+        task.preloaded = self.claimed.step_execution(won)
         with self._lock:
             self._tasks[p.step_execution_id] = task
         return task
-
-    def _job_execution(self, job_execution_id: int, claimed: Any = None) -> JobExecution | None:
-        """Job executions are read once per node and shared by their partitions (a worker step
-        reads its parameters and job context, which do not change while it runs); from the row
-        ``claimed`` where the claim read the job back with the partition, else by a read."""
-        with self._lock:
-            cached = self._jobs.get(job_execution_id)
-        if cached is not None:
-            return cached
-        loaded = None
-        if claimed is not None:
-            loaded = self.repository.job_execution_from_row(claimed, CLAIMED_JOB_PREFIX)
-        if loaded is None:
-            loaded = self.repository.get_job_execution(job_execution_id)
-        if loaded is not None:
-            with self._lock:
-                if len(self._jobs) >= _JOB_CACHE:
-                    self._jobs.pop(next(iter(self._jobs)))
-                self._jobs[job_execution_id] = loaded
-        return loaded
-
-    def _step_execution(self, won: ClaimedPartition) -> StepExecution | None:
-        try:
-            job_execution = self._job_execution(won.partition.job_execution_id, won.row)
-            if job_execution is None:
-                return None
-            se = self.repository.step_execution_from_row(won.row, job_execution)
-        except Exception as exc:  # noqa: BLE001 - the task loads its own instead
-            log.warning(
-                "could not build step execution %s: %s", won.partition.step_execution_id, exc
-            )
-            return None
-        se.start_recorded = True
-        return se
 
     # --- running a partition --------------------------------------------------------------------
 
