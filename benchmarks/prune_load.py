@@ -220,7 +220,7 @@ def main() -> None:
                     cluster.node.store,
                     settings.with_overrides(prune_after=parse_age("30d")),
                     cluster.node.events,
-                    cluster.node.acting,
+                    cluster.node.usable_identity,
                 )
                 pruner.policy = replace(pruner.policy, batch_size=args.batch_size)
                 pruner.run_once()

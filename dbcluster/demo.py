@@ -61,6 +61,7 @@ from dbcluster.batch import (
 from dbcluster.dialects import make_engine
 from dbcluster.errors import ConfigurationError
 from dbcluster.schema import Id, nodes, partitions, step_execution
+from dbcluster.states import NODE_ACTIVE, NODE_UNREACHABLE, PARTITION_CLAIMED
 
 demo_metadata = MetaData()
 
@@ -465,7 +466,7 @@ def _watch(
         now = _partition_rows(engine, master_id)
         return (
             any(
-                r.assigned_node == victim_id and r.status == "CLAIMED" and r.read_count > 0
+                r.assigned_node == victim_id and r.status == PARTITION_CLAIMED and r.read_count > 0
                 for r in now.values()
             )
             or not thread.is_alive()
@@ -475,7 +476,9 @@ def _watch(
         out.print("[red]the victim never started a partition[/]")
         return 1
     now = _partition_rows(engine, master_id)
-    held = [n for n, r in now.items() if r.assigned_node == victim_id and r.status == "CLAIMED"]
+    held = [
+        n for n, r in now.items() if r.assigned_node == victim_id and r.status == PARTITION_CLAIMED
+    ]
     os.kill(workers.procs[victim].pid, signal.SIGKILL)
     workers.procs[victim].wait()
     out.print(
@@ -485,7 +488,7 @@ def _watch(
     killed_at = time.monotonic()
 
     seen = {n: (r.assigned_node, r.attempt, r.status) for n, r in now.items()}
-    victim_state = "ACTIVE"
+    victim_state = NODE_ACTIVE
     reassigned = 0
     last_done = -1
     deadline = time.monotonic() + 90
@@ -495,7 +498,7 @@ def _watch(
         state = statuses.get(victim_id, "REMOVED")
         if state != victim_state:
             t = time.monotonic() - killed_at
-            if state == "UNREACHABLE":
+            if state == NODE_UNREACHABLE:
                 out.print(f"  +{t:.1f}s node {short_node(victim_id)} is silent: UNREACHABLE")
             elif state == "REMOVED":
                 out.print(f"  +{t:.1f}s node {short_node(victim_id)} removed from the cluster")

@@ -30,10 +30,9 @@ from dbcluster.schema import (
     partitions,
     step_execution,
 )
+from dbcluster.states import PARTITION_CLAIMED, PARTITION_IN_FLIGHT
 
 RUNNING_STATUSES = [s.value for s in BatchStatus if s.is_running]
-#: Partition statuses in the order they are shown.
-PARTITION_STATUSES = ("PENDING", "CLAIMED", "COMPLETED", "FAILED")
 
 
 def require_schema(engine: Engine) -> None:
@@ -185,7 +184,7 @@ def _job_rows(engine: Engine, *where: Any, limit: int | None = None) -> list[Job
 def cluster_status(engine: Engine) -> ClusterStatus:
     """The nodes, with heartbeat ages from the database clock, and the jobs in flight (running
     executions, and any whose coordination row is still in flight)."""
-    from dbcluster.dialects.base import COORD_IN_FLIGHT
+    from dbcluster.states import COORD_IN_FLIGHT
 
     provider = get_provider(engine)
     with engine.connect() as conn:
@@ -561,7 +560,7 @@ def cluster_gauges(engine: Engine) -> ClusterGauges:
     for r in node_rows:
         by_status[r.status] = by_status.get(r.status, 0) + 1
     ages = [a for r in node_rows if (a := _age_ms(r.db_now, r.last_heartbeat)) is not None]
-    claimed = [_age_ms(r.db_now, r.oldest) for r in part_rows if r.status == "CLAIMED"]
+    claimed = [_age_ms(r.db_now, r.oldest) for r in part_rows if r.status == PARTITION_CLAIMED]
     oldest_claimed = claimed[0] if claimed else None
     return ClusterGauges(
         nodes=by_status,
@@ -600,7 +599,7 @@ def partitions_in_flight(
         .join(job_execution, job_execution.c.job_execution_id == partitions.c.job_execution_id)
         .where(
             job_execution.c.status.in_(RUNNING_STATUSES),
-            partitions.c.status.in_(["PENDING", "CLAIMED"]),
+            partitions.c.status.in_(PARTITION_IN_FLIGHT),
         )
         .limit(limit)
     )

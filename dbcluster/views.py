@@ -27,6 +27,12 @@ from sqlalchemy import Engine
 
 from dbcluster.masking import mask_secrets
 from dbcluster.monitor import ClusterStatus, JobDetail, JobRow, partition_progress, utc_iso
+from dbcluster.states import (
+    PARTITION_COMPLETED,
+    PARTITION_FAILED,
+    PARTITION_IN_FLIGHT,
+    PARTITION_STATUSES,
+)
 
 _UUID_TAIL = re.compile(r"^(?P<head>.+)-(?P<uuid>[0-9a-f]{32})$")
 
@@ -70,7 +76,7 @@ def fmt_duration(start: datetime | None, end: datetime | None) -> str:
 def fmt_counts(counts: dict[str, int]) -> str:
     if not counts:
         return "-"
-    order = ("PENDING", "CLAIMED", "COMPLETED", "FAILED")
+    order = PARTITION_STATUSES
     keys = [k for k in order if k in counts] + sorted(k for k in counts if k not in order)
     return ", ".join(f"{counts[k]} {k.lower()}" for k in keys)
 
@@ -111,7 +117,7 @@ def jobs_table(rows: list[JobRow]) -> Table:
     for j in rows:
         done = j.partitions.get("COMPLETED", 0)
         parts = f"{done}/{j.partitions_total}" if j.partitions_total else "-"
-        failed = j.partitions.get("FAILED", 0)
+        failed = j.partitions.get(PARTITION_FAILED, 0)
         if failed:
             parts += f" ({failed} failed)"
         table.add_row(
@@ -284,7 +290,7 @@ class LaunchProgress:
         now = time.monotonic()
         with self._lock:
             if now - self._last_read.get(master_id, 0.0) < self.min_interval_s and sum(
-                counts.get(s, 0) for s in ("PENDING", "CLAIMED")
+                counts.get(s, 0) for s in PARTITION_IN_FLIGHT
             ):
                 return
             self._last_read[master_id] = now
@@ -298,13 +304,13 @@ class LaunchProgress:
         self, master_id: int, counts: dict[str, int], by_node: dict[str, dict[str, int]]
     ) -> None:
         total = sum(counts.values())
-        done = counts.get("COMPLETED", 0) + counts.get("FAILED", 0)
+        done = counts.get(PARTITION_COMPLETED, 0) + counts.get(PARTITION_FAILED, 0)
         nodes = ", ".join(
             f"{short_node(node) if node else '(unplaced)'} "
             f"{c.get('COMPLETED', 0) + c.get('FAILED', 0)}/{sum(c.values())}"
             for node, c in sorted(by_node.items())
         )
-        failed = counts.get("FAILED", 0)
+        failed = counts.get(PARTITION_FAILED, 0)
         label = self._step_name(master_id)
         if self._progress is not None:
             with self._lock:

@@ -34,11 +34,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Union
 
+from dbcluster import points
 from dbcluster.batch.domain import JobExecution, StepExecution
 from dbcluster.batch.exceptions import BatchError
 from dbcluster.batch.status import BatchStatus, ExitStatus
 from dbcluster.batch.step import Step
-from dbcluster.testing import points
 
 if TYPE_CHECKING:
     from dbcluster.batch.job import Job

@@ -30,12 +30,18 @@ from dbcluster.batch.status import BatchStatus
 
 log = logging.getLogger(__name__)
 
+#: How a job step's child job execution is made: ``(job, params, context) -> execution``.
+ChildExecutions = Callable[[Job, JobParameters, ExecutionContext | None], JobExecution]
+
 
 class JobLauncher:
     """Launches jobs synchronously in this process.
 
     ``partition_handler`` is the default for partition steps that name none (default: a
     :class:`LocalPartitionHandler`); ``registry`` lets :meth:`restart` find a job by name.
+    ``child_executions(job, params, context)`` makes the execution of a job a
+    :class:`~dbcluster.batch.jobstep.JobStep` runs (default: :meth:`create_execution`; a cluster
+    gives its own, which makes the child's coordination row too).
     """
 
     def __init__(
@@ -43,16 +49,21 @@ class JobLauncher:
         repository: JobRepository,
         partition_handler: PartitionHandler | None = None,
         registry: JobRegistry | None = None,
+        *,
+        child_executions: ChildExecutions | None = None,
     ) -> None:
         self.repository = repository
         self.runtime = BatchRuntime(
             repository=repository,
             partition_handler=partition_handler or LocalPartitionHandler(),
             registry=registry,
-            create_execution=lambda job, params, context: self.create_execution(
-                job, params, context=context
-            ),
+            create_execution=child_executions or self._create_child_execution,
         )
+
+    def _create_child_execution(
+        self, job: Job, params: JobParameters, context: ExecutionContext | None
+    ) -> JobExecution:
+        return self.create_execution(job, params, context=context)
 
     def run(
         self, job: Job, params: JobParameters | Mapping[str, Any] | None = None

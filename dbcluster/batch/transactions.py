@@ -14,7 +14,6 @@ default only trusts SQLAlchemy's own verdict that the connection was invalidated
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -25,8 +24,9 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
+from dbcluster import points
 from dbcluster.batch.exceptions import OptimisticLockingFailureError
-from dbcluster.testing import points
+from dbcluster.retry import Retry, Retrying
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -61,6 +61,20 @@ class RetryPolicy:
     max_backoff_s: float = 1.0
     give_up: Callable[[], bool] = field(default=_never)
 
+    def retry(self) -> Retry:
+        """This policy as a :class:`~dbcluster.retry.Retry` (the deadline runs from the first
+        transient error, not from the start: time the body spent before it, a long step or a
+        process stopped mid-transaction whose connection the server then closed, must not
+        leave it no repetition at all)."""
+        return Retry(
+            self.is_transient,
+            pause_s=self.backoff_s,
+            max_pause_s=self.max_backoff_s,
+            attempts=self.attempts,
+            deadline_s=self.deadline_s,
+            give_up=self.give_up,
+        )
+
 
 class UnclearCommitError(RuntimeError):
     """A ``COMMIT`` failed on the wire and its outcome could not be read back in time."""
@@ -84,6 +98,7 @@ class Transactions:
     def __init__(self, engine: Engine, policy: RetryPolicy | None = None) -> None:
         self.engine = engine
         self.policy = policy or RetryPolicy()
+        self._retry = self.policy.retry()
         #: Per thread: whether it is :meth:`holding`, and the connection it holds.
         self._held = threading.local()
 
@@ -160,15 +175,8 @@ class Transactions:
         reached just before ``COMMIT`` (with ``conn`` and ``details``), or a callable naming
         those reached in order (asked after ``body``).
         """
-        policy = self.policy
-        # The deadline runs from the first transient error, not from the start: time the body
-        # spent before it (a long step, or a process stopped mid-transaction whose connection
-        # the server then closed) must not leave it no repetition at all.
-        deadline: float | None = None
-        delay = policy.backoff_s
-        attempt = 0
+        run = self._retry.start(what)
         while True:
-            attempt += 1
             committing = False
             try:
                 conn, held = self._connect()
@@ -201,57 +209,30 @@ class Transactions:
             except OptimisticLockingFailureError:
                 raise
             except Exception as error:
-                if not policy.is_transient(error):
+                if not run.accepts(error):
                     raise
-                if deadline is None:
-                    deadline = time.monotonic() + policy.deadline_s
                 if committing:
                     if verify is None:
                         raise UnclearCommitError(
                             f"{what}: the commit's outcome is unknown ({error})"
                         ) from error
-                    if self._committed(verify, deadline, what, error):
+                    if self._committed(verify, run, error):
                         return result
-                if attempt >= policy.attempts or time.monotonic() >= deadline or policy.give_up():
+                if not run.again(error):
                     raise
-                log.info("transient error in %s (attempt %d): %s", what, attempt, error)
-                time.sleep(delay * (0.5 + random.random()))
-                delay = min(delay * 2, policy.max_backoff_s)
 
     def read(self, work: Callable[[], T], what: str = "read") -> T:
         """Run a read (it commits nothing, so repeating it is always safe), repeating it on
         transient errors under the policy."""
-        policy = self.policy
-        deadline: float | None = None  # from the first transient error, as in run()
-        delay = policy.backoff_s
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                return work()
-            except Exception as error:
-                if deadline is None:
-                    deadline = time.monotonic() + policy.deadline_s
-                if (
-                    not policy.is_transient(error)
-                    or attempt >= policy.attempts
-                    or time.monotonic() >= deadline
-                    or policy.give_up()
-                ):
-                    raise
-                log.info("transient error in %s (attempt %d): %s", what, attempt, error)
-                time.sleep(delay * (0.5 + random.random()))
-                delay = min(delay * 2, policy.max_backoff_s)
+        return self._retry.call(work, what)
 
     def _committed(
-        self,
-        verify: Callable[[Connection], bool],
-        deadline: float,
-        what: str,
-        error: BaseException,
+        self, verify: Callable[[Connection], bool], run: Retrying, error: BaseException
     ) -> bool:
-        """Read back whether an unclear commit took effect, while the database answers."""
-        delay = self.policy.backoff_s
+        """Read back whether an unclear commit took effect, while the database answers (until
+        the deadline of ``run``, the transaction's repetitions)."""
+        what = run.what
+        verifying = self._retry.but(attempts=None).start(what, deadline=run.deadline)
         while True:
             try:
                 with self.engine.connect() as conn:
@@ -265,13 +246,7 @@ class Transactions:
             except OptimisticLockingFailureError:
                 raise
             except Exception as again:
-                if (
-                    not self.policy.is_transient(again)
-                    or time.monotonic() >= deadline
-                    or self.policy.give_up()
-                ):
+                if not verifying.again(again):
                     raise UnclearCommitError(
                         f"{what}: the commit's outcome is unknown ({error})"
                     ) from error
-                time.sleep(delay * (0.5 + random.random()))
-                delay = min(delay * 2, self.policy.max_backoff_s)

@@ -1,50 +1,48 @@
-"""The entry point: a node for a job registry and a URL, and ``launch`` to be a job's master."""
+"""The entry point: a node for a job registry and a URL, and ``launch`` to be a job's master.
+
+:class:`Cluster` builds the node (:mod:`dbcluster.cluster.node`, which wires the node's own
+services) and the master's parts on the node's context: the partition handler, the launcher and
+the background runs that the node's services hand work to."""
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
-from sqlalchemy import Connection, Engine, bindparam
+from sqlalchemy import Connection, Engine
 
+from dbcluster import points
 from dbcluster.batch.context import ExecutionContext
 from dbcluster.batch.domain import JobExecution
 from dbcluster.batch.exceptions import (
-    JobRestartError,
     NoSuchJobExecutionError,
 )
 from dbcluster.batch.fence import FencedError
 from dbcluster.batch.job import Job, commit_job
 from dbcluster.batch.launcher import JobLauncher
-from dbcluster.batch.observe import observers
 from dbcluster.batch.parameters import JobParameters, as_job_parameters
-from dbcluster.batch.partition import PartitionStep
 from dbcluster.batch.registry import JobRegistry
-from dbcluster.batch.repository import Riders
 from dbcluster.cluster.assignment import AssignmentStrategy
+from dbcluster.cluster.background import BackgroundRuns
+from dbcluster.cluster.creation import ExecutionCreation, placed_at_launch
 from dbcluster.cluster.handler import ClusterPartitionHandler
-from dbcluster.cluster.launches import LaunchStore
-from dbcluster.cluster.maintenance.launches import LaunchAcceptor
-from dbcluster.cluster.maintenance.scheduler import Scheduler
 from dbcluster.cluster.mastership import Mastership
 from dbcluster.cluster.node import Node
 from dbcluster.cluster.patience import is_connectivity_error
-from dbcluster.cluster.placement import PlaceLater
 from dbcluster.cluster.settings import ClusterSettings
 from dbcluster.cluster.stopping import request_stop
-from dbcluster.cluster.unattended import UnattendedRuns
 from dbcluster.dialects import make_engine
-from dbcluster.dialects.base import COORD_MASTERED, COORD_STARTED
 from dbcluster.migrations import require_current_schema
-from dbcluster.testing import points
+from dbcluster.retry import Retry, quietly, warn_once
+from dbcluster.states import COORD_MASTERED
 
 log = logging.getLogger("dbcluster.cluster")
 
 
-class Cluster(UnattendedRuns):
+class Cluster:
     """This process's membership of the cluster.
 
     ``with Cluster(url, registry) as cluster: cluster.launch("job", {"date": "..."})`` joins as
@@ -81,44 +79,29 @@ class Cluster(UnattendedRuns):
         #: The node's repository: its transactions ride out transient errors and give up once
         #: the node is fenced.
         self.repository = self.node.repository
-        self.handler = ClusterPartitionHandler(self.node, strategy)
-        self.launcher = JobLauncher(self.repository, self.handler, registry)
+        self.context = self.node.context
+        self.handler = ClusterPartitionHandler(
+            self.context, self.repository, strategy, offer=self.node.offer
+        )
         # A job step's child job is a job of its own on the cluster: its coordination row names
         # this node its master, so a survivor takes it over like any other.
-        self.launcher.runtime.create_execution = lambda job, params, context: self.create_execution(
-            job, params, context=context
+        self.launcher = JobLauncher(
+            self.repository, self.handler, registry, child_executions=self._create_child_execution
+        )
+        self.launches = self.node.launches
+        #: Launch requests, automatic restarts and takeovers this node runs as their master.
+        self.background = BackgroundRuns(
+            self.context, registry, self.repository, self.launcher, self.launches, self
         )
         #: Whether this node becomes the master of jobs whose master was lost (a process that
         #: ends with its own job, such as ``dbcluster launch``, does not).
-        self.node.takeover = self if take_over else None
-        self.node.relauncher = self if take_over else None
-        self._taking_over: set[int] = set()
-        self._relaunching: set[int] = set()
-        self._launching: set[int] = set()
-        self._lock = threading.Lock()
-        self.launches = LaunchStore(self.node.store)
+        self.node.takeover = self.background if take_over else None
+        self.node.relauncher = self.background if take_over else None
         #: Whether this node claims launch requests and fires the registry's schedules.
         self.accept_launches = accept_launches
         if accept_launches:
-            acceptor = LaunchAcceptor(
-                self.launches,
-                self.settings,
-                self.node.events,
-                self.node.acting,
-                self,
-                max_launches,
-            )
-            self.node.add_service(acceptor)
-            self.node.add_service(
-                Scheduler(
-                    self.launches,
-                    registry.schedules(),
-                    self.settings,
-                    self.node.events,
-                    self.node.acting,
-                    on_fired=acceptor.wake,
-                )
-            )
+            self.node.launcher = self.background
+            self.node.max_launches = max_launches
 
     def start(self) -> Cluster:
         # Once, before joining: a node on another schema version would fail later, mid-job.
@@ -172,6 +155,11 @@ class Cluster(UnattendedRuns):
             self.launcher.next_parameters(job, parameters)  # raises the one-line reason
         return self.launches.submit(job.name, parameters, next_run=next_run)
 
+    def _create_child_execution(
+        self, job: Job, params: JobParameters, context: ExecutionContext | None
+    ) -> JobExecution:
+        return self.create_execution(job, params, context=context)
+
     def restart(self, execution_id: int) -> JobExecution:
         """Run a FAILED or ABANDONED execution's instance again (only unfinished partitions)."""
         old = self.repository.get_job_execution(execution_id)
@@ -201,151 +189,22 @@ class Cluster(UnattendedRuns):
         execution)`` runs last in the creating transaction (a launch request is marked there).
         ``existing``: the instance exists (a restart; implied by ``after``).
         """
-        identity = self.node.identity
-        store = self.node.store
-        provider = store.provider
-
-        def check(conn: Connection, executions: list[JobExecution]) -> None:
-            if after is not None and (not executions or executions[0].id != after):
-                raise JobRestartError(
-                    f"execution {after} of job {job.name!r} was restarted already"
-                )
-            if executions and not executions[0].status.is_running:
-                last = executions[0]
-                in_flight = store.in_flight(last.id, conn)
-                if in_flight:
-                    raise JobRestartError(
-                        f"job {job.name!r} execution {last.id} ended {last.status.value} but "
-                        f"{in_flight} of its partition(s) are still in flight; restart it once "
-                        f"they finish or their nodes are removed from the cluster"
-                    )
-
-        placing = self._placed_at_launch(job)
-
-        def owner(pointing: bool) -> list[Any]:
-            """This node the execution's master, epoch 1: its coordination row (when
-            ``pointing``, already pointing at the partitioned step, as the placement in this
-            transaction or a later one leaves it) and its master history row; one statement
-            where the provider can put two writes together."""
-
-            def build() -> list[Any]:
-                coordination, launched = writes(pointing)
-                one = provider.together(coordination, launched)
-                return [coordination, launched] if one is None else [one]
-
-            return store.prepared(("own execution", pointing), build)  # type: ignore[no-any-return]
-
-        def writes(
-            pointing: bool,
-            execution_id: Any = None,
-            master_id: Any = None,
-            source: Any | None = None,
-        ) -> tuple[Any, Any]:
-            """The coordination row and the master history row, of bound parameters (``b_id``,
-            ``b_master``) or, riding on the creating statement, of its new rows' ids and
-            taking their values from ``source`` (see :class:`Riders`)."""
-            execution_id = bindparam("b_id") if execution_id is None else execution_id
-            master_id = bindparam("b_master") if master_id is None else master_id
-            node = bindparam("b_node")
-            at_step = (COORD_STARTED, master_id, bindparam("b_worker_step"))
-            coordination = provider.insert_coordination(
-                execution_id, node, *(at_step if pointing else ()), source=source
-            )
-            launched = provider.insert_master(execution_id, 1, node, "launched", source=source)
-            return coordination, launched
-
-        def riders() -> Riders:
-            """The ownership rows (pointing at the partitioned step that a first run starts
-            with, when it places its partitions) and, when it places them in this transaction,
-            the live nodes' read, in the statement that creates the execution where the
-            database can: the launch's first round trip makes and reads all of it."""
-            pointing = placing is not None
-            read = pointing and later is None
-
-            def build(execution_id: Any, first_step_id: Any, source: Any) -> tuple[Any, Any]:
-                owned = writes(pointing, execution_id, first_step_id, source)
-                return list(owned), store.select_nodes() if read else None
-
-            params = {"b_node": identity.node_id}
-            if placing is not None:
-                params["b_worker_step"] = placing.worker_step.name
-            return Riders(("own execution", pointing, read), build, params)
-
-        def own(conn: Connection, execution: JobExecution) -> None:
-            row: dict[str, Any] = {"b_id": execution.id, "b_node": identity.node_id}
-            master = execution.prepared_steps.get(placing.name) if placing else None
-            if placing is not None and master is not None:
-                row.update(b_master=master.id, b_worker_step=placing.worker_step.name)
-            # The ownership went with the creating statement (and the nodes' read, when placing
-            # here), where the repository could put it there; else it is written here (and the
-            # placement reads the nodes itself).
-            found = ridden[0].rows if ridden[0] is not None else None
-            if found is None:
-                for stmt in owner("b_master" in row):
-                    conn.execute(stmt, row)
-            if on_created is not None:
-                on_created(conn, execution)
-            execution.fence = Mastership(store, execution.id, identity)
-            if placing is not None and master is not None:
-                if later is None:
-                    self.handler.placer.place_at_launch(
-                        conn,
-                        placing,
-                        master,
-                        self.launcher.runtime,
-                        execution.fence,
-                        found=found,
-                    )
-                else:
-                    master.prepared = later.planned
-
-        ridden: list[Riders | None] = [None]
-
-        def create() -> JobExecution:
-            # A restart reads its instance first: nothing rides on a statement it does not make.
-            ridden[0] = None if existing or after is not None else riders()
-            return self.launcher.create_execution(
-                job,
-                params,
-                on_created=own,
-                context=context,
-                check=check,
-                existing=existing or after is not None,
-                riders=ridden[0],
-            )
-
-        later: PlaceLater | None = None
-        try:
-            execution = create()
-        except PlaceLater as deferred:
-            # Nothing of that transaction was committed: create the execution again, and the
-            # step places the partitions after it (the partitioner does not run again).
-            later = deferred
-            execution = create()
+        creation = ExecutionCreation(
+            self.node.store,
+            self.node.identity,
+            self.launcher,
+            self.handler.placer,
+            job,
+            params,
+            placing=placed_at_launch(job, self.node.store, self.handler, self.launcher),
+            context=context,
+            after=after,
+            on_created=on_created,
+            existing=existing,
+        )
+        execution = creation.create()
         points.reach("master.after_create_execution", job_execution=execution)
         return execution
-
-    def _placed_at_launch(self, job: Job) -> PartitionStep | None:
-        """The partitioned step whose partitions a first run of ``job`` places in the
-        transaction that creates it (one COMMIT before a partition can start), or None.
-
-        Only where nothing can tell the difference: the job starts with a partitioned step that
-        this cluster's handler runs, neither has listeners (they would see the partitioner run
-        before ``before_job``) and no batch observer traces (the partitions would be placed
-        before the job's trace began), on a database whose provider allows the partitioner to
-        run inside that transaction
-        (:attr:`~dbcluster.dialects.base.QueryProvider.places_at_launch`)."""
-        if not self.node.store.provider.places_at_launch or observers.tracing or job.listeners:
-            return None
-        first = job.first_step()
-        if (
-            isinstance(first, PartitionStep)
-            and not first.listeners
-            and first.partition_handler in (None, self.handler)
-            and self.launcher.runtime.partition_handler is self.handler
-        ):
-            return first
-        return None
 
     def run_execution(
         self, job: Job, execution: JobExecution, *, resume: bool = False
@@ -394,19 +253,26 @@ class Cluster(UnattendedRuns):
         return execution
 
     def _finish_patiently(self, execution: JobExecution, mastership: Mastership) -> JobExecution:
-        while True:
-            try:
-                commit_job(execution, self.launcher.runtime, final=True)
-                return execution
-            except FencedError as lost:
-                return self._after_losing(execution, mastership, lost)
-            except Exception as error:  # noqa: BLE001 - judged below
-                if mastership.fenced:
-                    return self._after_losing(execution, mastership, error)
-                if not is_connectivity_error(error):
-                    raise
-                log.warning("cannot record the end of execution %s yet: %s", execution.id, error)
-                time.sleep(self.settings.heartbeat_interval / 1000)
+        """Write the job's end until it lands (every heartbeat interval, one WARNING), while
+        this node is its master; once it is not, follow the job under its new master."""
+        writing = Retry.every(
+            self.settings.heartbeat_interval / 1000,
+            is_connectivity_error,
+            give_up=lambda: mastership.fenced,
+            on_retry=warn_once(log),
+        )
+        try:
+            writing.call(
+                lambda: commit_job(execution, self.launcher.runtime, final=True),
+                f"cannot record the end of execution {execution.id}",
+            )
+            return execution
+        except FencedError as lost:
+            return self._after_losing(execution, mastership, lost)
+        except Exception as error:
+            if mastership.fenced:
+                return self._after_losing(execution, mastership, error)
+            raise
 
     def _after_losing(
         self, execution: JobExecution, mastership: Mastership, why: BaseException
@@ -425,28 +291,34 @@ class Cluster(UnattendedRuns):
         announced: tuple[str, int] | None = (
             None if mastership is None else (mastership.node_id, mastership.epoch)
         )
+
+        def waits_out(error: BaseException) -> bool:
+            return is_connectivity_error(error) or store.provider.is_transient(error)
+
+        # A look that fails on the database is simply taken again at the next interval.
+        looking = Retry.every(interval, waits_out, on_retry=quietly)
         while True:
-            try:
-                execution = self.repository.get_job_execution(execution_id)
-                row = store.coordination(execution_id)
-                if execution is None:
-                    raise NoSuchJobExecutionError(f"job execution {execution_id} is gone")
-                master = None if row is None else (str(row.master_node), int(row.master_epoch))
-                if master is not None and master != announced and row.status in COORD_MASTERED:
-                    log.warning(
-                        "the mastership of execution %s moved to node %s (epoch %d)",
-                        execution_id,
-                        *master,
-                    )
-                    announced = master
-                if not execution.status.is_running:
-                    return execution
-                if row is not None and row.master_step_execution_id and self.handler.progress:
-                    step_id = int(row.master_step_execution_id)
-                    self.handler.progress(step_id, store.counts(step_id))
-            except NoSuchJobExecutionError:
-                raise
-            except Exception as error:  # noqa: BLE001 - the database may still be away
-                if not is_connectivity_error(error) and not store.provider.is_transient(error):
-                    raise
+            execution, row = looking.call(lambda: self._look_at(execution_id), "follow")
+            master = None if row is None else (str(row.master_node), int(row.master_epoch))
+            if master is not None and master != announced and row.status in COORD_MASTERED:
+                log.warning(
+                    "the mastership of execution %s moved to node %s (epoch %d)",
+                    execution_id,
+                    *master,
+                )
+                announced = master
+            if not execution.status.is_running:
+                return execution
+            if row is not None and row.master_step_execution_id and self.handler.progress:
+                step_id = int(row.master_step_execution_id)
+                counts = looking.call(partial(store.counts, step_id), "follow")
+                self.handler.progress(step_id, counts)
             time.sleep(interval)
+
+    def _look_at(self, execution_id: int) -> tuple[JobExecution, Any]:
+        """An execution and its coordination row (None once it is gone), as read now."""
+        execution = self.repository.get_job_execution(execution_id)
+        row = self.node.store.coordination(execution_id)
+        if execution is None:
+            raise NoSuchJobExecutionError(f"job execution {execution_id} is gone")
+        return execution, row

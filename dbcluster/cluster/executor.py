@@ -25,24 +25,28 @@ from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from dbcluster.batch.domain import JobExecution, StepExecution, utcnow
+from dbcluster.batch.domain import StepExecution, utcnow
 from dbcluster.batch.fence import FencedError
-from dbcluster.batch.local import LocalPartitionHandler
-from dbcluster.batch.runtime import BatchRuntime
 from dbcluster.batch.status import BatchStatus, ExitStatus
 from dbcluster.batch.step import commit_step
 from dbcluster.batch.transactions import UnclearCommitError
+from dbcluster.cluster.claimed import ClaimedExecutions
 from dbcluster.cluster.fencing import RELEASED, RETRIED, PartitionFence
 from dbcluster.cluster.identity import Identity
 from dbcluster.cluster.store import ClaimedPartition, PendingPartition
-from dbcluster.dialects.base import CLAIMED_JOB_PREFIX, PARTITION_COMPLETED
+from dbcluster.retry import Retry, warn_once
+from dbcluster.states import PARTITION_COMPLETED
 
 if TYPE_CHECKING:
-    from dbcluster.cluster.node import Node
+    from dbcluster.batch.registry import JobRegistry
+    from dbcluster.batch.runtime import BatchRuntime
+    from dbcluster.cluster.context import NodeContext
+    from dbcluster.cluster.stopping import StopRequests
 
 log = logging.getLogger("dbcluster.node")
+
 
 CLAIMED, RUNNING, RELEASING, DONE = "claimed", "running", "releasing", "done"
 
@@ -51,8 +55,6 @@ current_node_id: ContextVar[str | None] = ContextVar("dbcluster_current_node_id"
 #: The attempt (fencing token) of the partition being run.
 current_attempt: ContextVar[int | None] = ContextVar("dbcluster_current_attempt", default=None)
 
-#: Job executions kept per node (their parameters and context, read once and shared).
-_JOB_CACHE = 64
 #: The weight of the newest run in :attr:`Executor.recent_run_ms` (an exponential average).
 _RUN_MS_WEIGHT = 0.2
 
@@ -71,26 +73,36 @@ class Task:
 
 
 class Executor:
-    """Runs claimed partitions on ``capacity`` threads; ``on_free`` is called each time one of
-    them ends (the poller may claim more)."""
+    """Runs claimed partitions on ``capacity`` threads, each a step of ``runtime``'s registry
+    (``stop_requests`` watches their jobs while they run); ``on_free`` is called each time one
+    of them ends (the poller may claim more)."""
 
     def __init__(
         self,
-        node: Node,
+        context: NodeContext,
+        runtime: BatchRuntime,
+        *,
+        capacity: int,
+        stop_requests: StopRequests,
         on_free: Callable[[], None],
         next_partition: Callable[[Identity], int | None] | None = None,
     ) -> None:
-        self.node = node
+        if runtime.registry is None:
+            raise ValueError("an executor of partitions needs a JobRegistry")
+        self.context = context
         #: A PENDING partition the node knows is waiting, for a final write to claim next.
         self.next_partition = next_partition
-        self.store = node.store
-        self.repository = node.repository
-        self.runtime = BatchRuntime(self.repository, LocalPartitionHandler(), node.registry)
-        self.capacity = node.capacity
+        self.store = context.store
+        self.runtime = runtime
+        self.repository = runtime.repository
+        self.registry: JobRegistry = runtime.registry
+        self.capacity = capacity
+        self.stop_requests = stop_requests
         self.on_free = on_free
         self._lock = threading.RLock()
         self._tasks: dict[int, Task] = {}
-        self._jobs: dict[int, JobExecution] = {}
+        #: What claims won, as the batch model's objects (their jobs read once per node).
+        self.claimed = ClaimedExecutions(self.repository)
         self._pool = ThreadPoolExecutor(self.capacity, thread_name_prefix="dbcluster-part")
         #: How long this node's partitions ran lately (an exponential average, milliseconds);
         #: None before the first one ended.
@@ -109,8 +121,7 @@ class Executor:
 
     def knows_job(self, job_execution_id: int) -> bool:
         """Whether this node has the job execution (its partitions need no read of it)."""
-        with self._lock:
-            return job_execution_id in self._jobs
+        return self.claimed.knows_job(job_execution_id)
 
     def holds(self, step_execution_id: int) -> bool:
         with self._lock:
@@ -134,52 +145,20 @@ class Executor:
             p.attempt,
             "" if after is None else f" as {after} ended",
         )
-        self.node.events.claimed(identity.node_id, p.partition_name, p.step_execution_id, p.attempt)
+        self.context.events.claimed(
+            identity.node_id, p.partition_name, p.step_execution_id, p.attempt
+        )
         task = Task(p, identity)
-        task.preloaded = self._step_execution(won)
+        task.preloaded = self.claimed.step_execution(won)
         with self._lock:
             self._tasks[p.step_execution_id] = task
         return task
-
-    def _job_execution(self, job_execution_id: int, claimed: Any = None) -> JobExecution | None:
-        """Job executions are read once per node and shared by their partitions (a worker step
-        reads its parameters and job context, which do not change while it runs); from the row
-        ``claimed`` where the claim read the job back with the partition, else by a read."""
-        with self._lock:
-            cached = self._jobs.get(job_execution_id)
-        if cached is not None:
-            return cached
-        loaded = None
-        if claimed is not None:
-            loaded = self.repository.job_execution_from_row(claimed, CLAIMED_JOB_PREFIX)
-        if loaded is None:
-            loaded = self.repository.get_job_execution(job_execution_id)
-        if loaded is not None:
-            with self._lock:
-                if len(self._jobs) >= _JOB_CACHE:
-                    self._jobs.pop(next(iter(self._jobs)))
-                self._jobs[job_execution_id] = loaded
-        return loaded
-
-    def _step_execution(self, won: ClaimedPartition) -> StepExecution | None:
-        try:
-            job_execution = self._job_execution(won.partition.job_execution_id, won.row)
-            if job_execution is None:
-                return None
-            se = self.repository.step_execution_from_row(won.row, job_execution)
-        except Exception as exc:  # noqa: BLE001 - the task loads its own instead
-            log.warning(
-                "could not build step execution %s: %s", won.partition.step_execution_id, exc
-            )
-            return None
-        se.start_recorded = True
-        return se
 
     # --- running a partition --------------------------------------------------------------------
 
     def _begin(self, task: Task) -> bool:
         with self._lock:
-            if task.state != CLAIMED or task.identity.fenced.is_set() or self.node.stopping:
+            if task.state != CLAIMED or task.identity.fenced.is_set() or self.context.stopping:
                 return False
             task.state = RUNNING
             return True
@@ -197,7 +176,7 @@ class Executor:
         following = None
         try:
             if not self._begin(task):
-                if task.state == CLAIMED and self.node.stopping:
+                if task.state == CLAIMED and self.context.stopping:
                     self._release(task)
                 return None
             began = time.monotonic()
@@ -221,7 +200,7 @@ class Executor:
         if fence is None or fence.outcome is None:
             return None
         try:
-            won = self.store.chained(fence.chained)
+            won = self.store.claimed_next(fence.next_claim)
             if won is None:
                 return None
             return self._held(task.identity, won, task.partition.partition_name)
@@ -247,7 +226,7 @@ class Executor:
             p.attempt,
             transferable=p.transferable,
             fenced=task.identity.fenced,
-            stopping=lambda: self.node.stopping,
+            stopping=lambda: self.context.stopping,
             max_attempts=p.max_attempts,
             retryable=lambda se: self._retryable(p.worker_step_name, se),
             next_partition=next_partition,
@@ -256,8 +235,7 @@ class Executor:
     def _retryable(self, worker_step_name: str, se: StepExecution) -> bool:
         """Whether a failed try is worth another: its partitioned step declares the failure
         retryable, or the failure is a transient database error."""
-        assert self.node.registry is not None
-        step = self.node.registry.partition_step_of(worker_step_name)
+        step = self.registry.partition_step_of(worker_step_name)
         provider = self.store.provider
         return any(
             (step is not None and step.retryable(error))
@@ -281,7 +259,7 @@ class Executor:
                 return
         # Its job's stop request reaches it through the node's periodic check (no read of its
         # own per chunk).
-        stop_requests = self.node.stop_requests
+        stop_requests = self.stop_requests
         stop_requests.watch(se.job_execution)
         try:
             self._run_step(task, se, fence)
@@ -290,9 +268,8 @@ class Executor:
 
     def _run_step(self, task: Task, se: StepExecution, fence: PartitionFence) -> None:
         p, identity = task.partition, task.identity
-        assert self.node.registry is not None
         try:
-            step = self.node.registry.get_step(p.worker_step_name)
+            step = self.registry.get_step(p.worker_step_name)
         except Exception as exc:  # noqa: BLE001 - recorded on the step execution
             self._end_without_running(
                 task, se, f"node {identity.node_id} has no step {p.worker_step_name!r}: {exc}"
@@ -321,7 +298,7 @@ class Executor:
 
     def _recorded(self, task: Task, outcome: str | None) -> None:
         p, node_id = task.partition, task.identity.node_id
-        events = self.node.events
+        events = self.context.events
         if outcome == RELEASED:
             log.info("node %s handed back stopped partition %s", node_id, p.partition_name)
             events.released(node_id, p.partition_name, p.step_execution_id)
@@ -358,7 +335,9 @@ class Executor:
             p.step_execution_id,
             reason,
         )
-        self.node.events.lost(task.identity.node_id, p.partition_name, p.step_execution_id, reason)
+        self.context.events.lost(
+            task.identity.node_id, p.partition_name, p.step_execution_id, reason
+        )
 
     def _fail_after_error(self, task: Task, error: BaseException) -> None:
         """The step could not record its outcome (its final transaction failed beyond the retry
@@ -374,41 +353,55 @@ class Executor:
         tried again only if its failure is retryable. A step that did not get as far is judged
         on ``error``, what stopped it: a transferable partition that a database outage stopped
         is tried again while it has tries left."""
+        identity = task.identity
+
+        def gone() -> bool:  # then its master decides
+            return identity.fenced.is_set() or self.context.stopping
+
+        if gone():
+            return
+        recording = Retry.every(
+            self.context.settings.heartbeat_interval / 1000,
+            lambda exc: not isinstance(exc, FencedError),
+            give_up=gone,
+            on_retry=warn_once(log),
+        )
+        try:
+            recording.call(
+                lambda: self._record_after_error(task, error),
+                f"cannot record partition {task.partition.step_execution_id}",
+            )
+        except Exception:  # noqa: BLE001 - fenced, or given up as the node leaves: not ours
+            return
+
+    def _record_after_error(self, task: Task, error: BaseException) -> None:
+        """One try of :meth:`_fail_after_error`."""
         p, identity = task.partition, task.identity
         ran = task.step_execution
-        while not identity.fenced.is_set() and not self.node.stopping:
-            try:
-                se = self.repository.get_step_execution(p.step_execution_id)
-                if se is None:
-                    return
-                if ran is not None and se.version != ran.version:
-                    # Its final commit landed after all (with the partition's outcome, and with
-                    # the claim of the next partition it made, which this node now runs), or
-                    # its master ended it (after taking the partition away).
-                    self._adopt_following(task)
-                    return
-                if ran is None and not se.status.is_running:
-                    return
-                fence = self._fence_for(task)
-                if ran is not None and not ran.status.is_running:
-                    ran.fence = fence
-                    commit_step(ran, self.runtime, final=True)
-                    self._recorded(task, fence.outcome)
-                    return
-                se.fence = fence
-                se.failure_exceptions.append(error)
-                self._end_without_running(
-                    task,
-                    se,
-                    f"node {identity.node_id} could not record the outcome of partition "
-                    f"{p.partition_name}",
-                )
-                return
-            except FencedError:
-                return  # no longer ours: its master decides
-            except Exception as exc:  # noqa: BLE001 - try again when the database answers
-                log.warning("cannot record partition %s yet: %s", p.step_execution_id, exc)
-                time.sleep(self.node.settings.heartbeat_interval / 1000)
+        se = self.repository.get_step_execution(p.step_execution_id)
+        if se is None:
+            return
+        if ran is not None and se.version != ran.version:
+            # Its final commit landed after all (with the partition's outcome, and with the
+            # claim of the next partition it made, which this node now runs), or its master
+            # ended it (after taking the partition away).
+            self._adopt_following(task)
+            return
+        if ran is None and not se.status.is_running:
+            return
+        fence = self._fence_for(task)
+        if ran is not None and not ran.status.is_running:
+            ran.fence = fence
+            commit_step(ran, self.runtime, final=True)
+            self._recorded(task, fence.outcome)
+            return
+        se.fence = fence
+        se.failure_exceptions.append(error)
+        self._end_without_running(
+            task,
+            se,
+            f"node {identity.node_id} could not record the outcome of partition {p.partition_name}",
+        )
 
     def _adopt_following(self, task: Task) -> None:
         """After a final write whose COMMIT was unclear and landed: the partition it claimed
@@ -437,7 +430,7 @@ class Executor:
                     p.partition_name,
                     p.step_execution_id,
                 )
-                self.node.events.released(
+                self.context.events.released(
                     task.identity.node_id, p.partition_name, p.step_execution_id
                 )
         except Exception as exc:  # noqa: BLE001 - the master recovers it once we are removed
@@ -459,7 +452,7 @@ class Executor:
     def drain(self, deadline: float) -> None:
         """A graceful stop: hand back what has not started, let running partitions finish (or
         stop them at the deadline), then shut the thread pool down."""
-        identity = self.node._identity
+        identity = self.context.membership.current
         if identity is not None and not identity.fenced.is_set():
             try:
                 handed = self.store.release_pending(identity.node_id)
@@ -467,7 +460,7 @@ class Executor:
                     log.info(
                         "node %s handed back %d unclaimed partition(s)", identity.node_id, handed
                     )
-                    self.node.events.released(identity.node_id, None, None)
+                    self.context.events.released(identity.node_id, None, None)
             except Exception as exc:  # noqa: BLE001 - they move once we leave the registry
                 log.warning("could not hand back unclaimed partitions: %s", exc)
         with self._lock:
@@ -484,7 +477,8 @@ class Executor:
                 for task in running:
                     if task.step_execution is not None:
                         task.step_execution.terminate_only = True
-            self._wait_running(time.monotonic() + max(1.0, self.node.settings.drain_timeout / 1000))
+            grace_s = max(1.0, self.context.settings.drain_timeout / 1000)
+            self._wait_running(time.monotonic() + grace_s)
         self._pool.shutdown(wait=False)
 
     def _claim_back(self, task: Task) -> bool:

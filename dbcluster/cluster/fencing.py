@@ -20,15 +20,20 @@ from sqlalchemy import Connection
 from dbcluster.batch.domain import StepExecution, utcnow
 from dbcluster.batch.fence import FencedError, FoldedGuard
 from dbcluster.batch.status import BatchStatus
-from dbcluster.dialects.base import PARTITION_COMPLETED, PARTITION_FAILED
+from dbcluster.states import (
+    PARTITION_COMPLETED,
+    PARTITION_FAILED,
+    PARTITION_RELEASED,
+    PARTITION_RETRIED,
+)
 
 if TYPE_CHECKING:
     from dbcluster.cluster.store import CoordinationStore
 
 #: The outcome of a transferable partition stopped by a graceful shutdown: handed back.
-RELEASED = "RELEASED"
+RELEASED = PARTITION_RELEASED
 #: The outcome of a failed try of a transferable partition that gets another: back to PENDING.
-RETRIED = "RETRIED"
+RETRIED = PARTITION_RETRIED
 
 
 class PartitionFence:
@@ -73,7 +78,7 @@ class PartitionFence:
         self._asked = False
         #: What the final write's claim of the next partition read back (its last try), when
         #: it was written: a row whose ``p_id`` is NULL when that partition was not won.
-        self.chained: Any | None = None
+        self.next_claim: Any | None = None
 
     def _refuse(self, why: str) -> FencedError:
         return FencedError(
@@ -114,9 +119,9 @@ class PartitionFence:
             self.outcome = outcome
 
         def took(row: Any) -> None:
-            self.chained = row
+            self.next_claim = row
 
-        self.chained = None
+        self.next_claim = None
         following = self._following(outcome)
         return FoldedGuard(
             statement,

@@ -15,30 +15,31 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from dbcluster import points
 from dbcluster.batch.domain import PartitionsEnded, StepExecution
 from dbcluster.batch.fence import FencedError
 from dbcluster.cluster.assignment import AssignmentStrategy, LeastLoaded, RoundRobin
 from dbcluster.cluster.mastership import Mastership, MastershipLostError
-from dbcluster.cluster.patience import is_connectivity_error, patiently
+from dbcluster.cluster.patience import Patience, is_connectivity_error
 from dbcluster.cluster.placement import NoLiveNodeError, Placer, Planned
 from dbcluster.cluster.store import OrphanedPartition
-from dbcluster.dialects.base import (
+from dbcluster.errors import ConfigurationError
+from dbcluster.states import (
     COORD_MASTERED,
     PARTITION_CLAIMED,
     PARTITION_FAILED,
     PARTITION_IN_FLIGHT,
     PARTITION_PENDING,
 )
-from dbcluster.errors import ConfigurationError
-from dbcluster.testing import points
 
 if TYPE_CHECKING:
     from dbcluster.batch.partition import PartitionStep
+    from dbcluster.batch.repository import JobRepository
     from dbcluster.batch.runtime import BatchRuntime
-    from dbcluster.cluster.node import Node
+    from dbcluster.cluster.context import NodeContext
 
 log = logging.getLogger("dbcluster.master")
 
@@ -93,16 +94,25 @@ class ClusterPartitionHandler:
 
     def __init__(
         self,
-        node: Node,
+        context: NodeContext,
+        repository: JobRepository,
         strategy: AssignmentStrategy | None = None,
         *,
+        offer: Callable[[str, Sequence[int]], None] | None = None,
         no_node_timeout_ms: int | None = None,
     ) -> None:
-        self.node = node
+        self.context = context
+        self.store = context.store
+        self.repository = repository
+        #: Hands the partitions placed on this node to its own worker (a master that is also a
+        #: worker starts them without a poll): ``offer(node_id, step_execution_ids)``.
+        self.offer = offer
+        self.patience = Patience.of(context)
         self.placer = Placer(
-            node,
+            context,
             strategy or RoundRobin(),
-            node.settings.no_node_timeout if no_node_timeout_ms is None else no_node_timeout_ms,
+            context.settings.no_node_timeout if no_node_timeout_ms is None else no_node_timeout_ms,
+            self.patience,
         )
         #: Called with (master step execution id, partition counts by status) on each check.
         self.progress: Callable[[int, dict[str, int]], None] | None = None
@@ -126,7 +136,6 @@ class ClusterPartitionHandler:
     def handle(
         self, step: PartitionStep, master: StepExecution, runtime: BatchRuntime
     ) -> list[StepExecution] | PartitionsEnded:
-        node = self.node
         job_execution = master.job_execution
         mastership = job_execution.fence
         if not isinstance(mastership, Mastership):
@@ -145,11 +154,8 @@ class ClusterPartitionHandler:
         placed_before = (
             []
             if master.fresh or placed is not None
-            else patiently(
-                self.node,
-                mastership,
-                lambda: node.store.partitions(master.id),
-                "read the partitions",
+            else self.patience.run(
+                mastership, lambda: self.store.partitions(master.id), "read the partitions"
             )
         )
         if placed_before:
@@ -182,10 +188,11 @@ class ClusterPartitionHandler:
                 len(set(placement.values())),
                 type(self.strategy).__name__,
             )
-            node.events.placed(mastership.node_id, job_execution.id, master.id, placement)
+            self.context.events.placed(mastership.node_id, job_execution.id, master.id, placement)
             # A master that is also a worker starts what it placed on itself without a poll.
-            node.offer(mastership.node_id, placed_on.get(mastership.node_id, []))
-        with node.mastering():
+            if self.offer is not None:
+                self.offer(mastership.node_id, placed_on.get(mastership.node_id, []))
+        with self.context.masters.mastering():
             try:
                 self._monitor(step, master, mastership)
             except FencedError:
@@ -195,8 +202,7 @@ class ClusterPartitionHandler:
                 # would run it beside the old attempt.
                 self._fail_in_flight(mastership, f"master {mastership.node_id} failed: {error}")
                 raise
-        return patiently(
-            self.node,
+        return self.patience.run(
             mastership,
             lambda: runtime.repository.partitions_ended(ids),
             "read the partitions' outcome",
@@ -205,8 +211,7 @@ class ClusterPartitionHandler:
     # --- monitoring ---------------------------------------------------------------------------
 
     def _monitor(self, step: PartitionStep, master: StepExecution, mastership: Mastership) -> None:
-        node, store = self.node, self.node.store
-        settings = node.settings
+        store, settings = self.store, self.context.settings
         last_orphan_check = 0.0
         no_node_since: float | None = None
         warned = False
@@ -254,7 +259,7 @@ class ClusterPartitionHandler:
     def _stop_pending(self, master_id: int, mastership: Mastership) -> None:
         """The job is being stopped: what no node has claimed does not start (see
         :mod:`dbcluster.cluster.stopping`); running partitions stop themselves."""
-        stopped = self.node.store.stop_pending(master_id, self.node.repository, mastership)
+        stopped = self.store.stop_pending(master_id, self.repository, mastership)
         if stopped:
             log.info(
                 "master %s stopped %d unclaimed partition(s) of job execution %s",
@@ -267,11 +272,10 @@ class ClusterPartitionHandler:
         """Fail what is in flight (partitions and their step executions, one transaction), once
         the database answers; if this node is fenced first, the survivors do it."""
         try:
-            failed = patiently(
-                self.node,
+            failed = self.patience.run(
                 mastership,
-                lambda: self.node.store.fail_in_flight(
-                    mastership.job_execution_id, message[:2000], self.node.repository, mastership
+                lambda: self.store.fail_in_flight(
+                    mastership.job_execution_id, message[:2000], self.repository, mastership
                 ),
                 "fail the partitions in flight",
             )
@@ -285,7 +289,7 @@ class ClusterPartitionHandler:
         )
 
     def _check_still_master(self, mastership: Mastership) -> None:
-        row = self.node.store.coordination(mastership.job_execution_id)
+        row = self.store.coordination(mastership.job_execution_id)
         if (
             row is None
             or row.master_node != mastership.node_id
@@ -302,7 +306,7 @@ class ClusterPartitionHandler:
     ) -> None:
         """Fence every partition whose progress is older than the step's timeout: another try
         if it is transferable and has tries left, else FAILED."""
-        node, store = self.node, self.node.store
+        store = self.store
         timeout_ms = step.timeout_ms
         assert timeout_ms is not None
         for stalled in store.stalled(master_id, timeout_ms):
@@ -310,11 +314,11 @@ class ClusterPartitionHandler:
                 f"partition {stalled.partition_name} made no progress on node "
                 f"{stalled.assigned_node} for {timeout_ms} ms (attempt {stalled.attempt})"
             )
-            outcome = store.time_out(stalled, timeout_ms, message, node.repository, mastership)
+            outcome = store.time_out(stalled, timeout_ms, message, self.repository, mastership)
             if outcome is None:
                 continue
             log.warning("master timed out: %s; %s", message, outcome.lower())
-            node.events.timed_out(
+            self.context.events.timed_out(
                 mastership.node_id,
                 stalled.step_execution_id,
                 stalled.partition_name,
@@ -331,12 +335,12 @@ class ClusterPartitionHandler:
         *,
         stopping: bool = False,
     ) -> float | None:
-        node, store = self.node, self.node.store
+        store, events = self.store, self.context.events
         # A partition put back for another try waits out its backoff first.
         orphans = [o for o in store.orphans(master_id) if o.due(step.retry_backoff_for(o.attempt))]
         if not orphans:
             return None
-        repository = node.repository
+        repository = self.repository
         movable: list[OrphanedPartition] = []
         for orphan in orphans:
             if stopping:
@@ -356,7 +360,7 @@ class ClusterPartitionHandler:
                 )
                 if store.fail_orphan(orphan, message, repository, mastership):
                     log.warning("master failed partition %s: %s", orphan.step_execution_id, message)
-                    node.events.orphan_failed(
+                    events.orphan_failed(
                         mastership.node_id, orphan.step_execution_id, orphan.assigned_node
                     )
                 continue
@@ -390,7 +394,7 @@ class ClusterPartitionHandler:
                     target,
                     orphan.attempt,
                 )
-                node.events.reassigned(
+                events.reassigned(
                     mastership.node_id,
                     orphan.step_execution_id,
                     orphan.partition_name,

@@ -21,11 +21,11 @@ import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from dbcluster.cluster.identity import Identity
-    from dbcluster.cluster.node import Node
+    from dbcluster.cluster.context import NodeContext
+    from dbcluster.cluster.worker import Worker
 
 log = logging.getLogger("dbcluster.node")
 
@@ -33,27 +33,40 @@ log = logging.getLogger("dbcluster.node")
 Response = tuple[int, bytes, str]
 
 
-def _state(node: Node) -> dict[str, Any]:
-    try:
-        identity: Identity | None = node.identity
-    except RuntimeError:  # not joined (yet)
-        identity = None
+class Probed(Protocol):
+    """What the probes read of a node (a :class:`~dbcluster.cluster.node.Node` is one): its
+    context (membership, settings), its capacity and its worker (None: it runs no
+    partitions)."""
+
+    @property
+    def context(self) -> NodeContext: ...
+
+    @property
+    def capacity(self) -> int: ...
+
+    @property
+    def worker(self) -> Worker | None: ...
+
+
+def _state(node: Probed) -> dict[str, Any]:
+    membership = node.context.membership
+    identity = membership.current
     age = None if identity is None else time.monotonic() - identity.last_heartbeat_ok
     return {
         "node_id": None if identity is None else identity.node_id,
-        "fenced": node.is_fenced,
+        "fenced": membership.is_fenced,
         "fence_reason": None if identity is None else identity.fence_reason or None,
-        "draining": node.stopping,
+        "draining": membership.stopping,
         "heartbeat_age_s": None if age is None else round(age, 3),
-        "load": node.load,
+        "load": 0 if node.worker is None else node.worker.load,
         "capacity": node.capacity,
     }
 
 
-def health(node: Node) -> tuple[bool, dict[str, Any]]:
+def health(node: Probed) -> tuple[bool, dict[str, Any]]:
     """Whether the node is alive in the cluster, and what that was judged from."""
     state = _state(node)
-    limit_s = node.settings.unreachable_threshold / 1000
+    limit_s = node.context.settings.unreachable_threshold / 1000
     if state["node_id"] is None:
         reason = "not joined"
     elif state["fenced"]:
@@ -67,7 +80,7 @@ def health(node: Node) -> tuple[bool, dict[str, Any]]:
     return reason is None, {**state, "status": "ok" if reason is None else reason}
 
 
-def readiness(node: Node) -> tuple[bool, dict[str, Any]]:
+def readiness(node: Probed) -> tuple[bool, dict[str, Any]]:
     """Whether the node can take work now."""
     ok, state = health(node)
     worker = node.worker
@@ -85,7 +98,7 @@ def _json(ok: bool, body: dict[str, Any]) -> Response:
     return 200 if ok else 503, json.dumps(body).encode(), "application/json"
 
 
-def probe_routes(node: Node) -> dict[str, Callable[[], Response]]:
+def probe_routes(node: Probed) -> dict[str, Callable[[], Response]]:
     """``/healthz`` and ``/readyz`` of ``node``."""
     return {
         "/healthz": lambda: _json(*health(node)),

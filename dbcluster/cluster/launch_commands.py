@@ -15,12 +15,13 @@ from sqlalchemy.exc import DBAPIError
 
 from dbcluster.cli_options import DURATION_S, EXIT_FAILED, EXIT_OK
 from dbcluster.errors import unreachable
+from dbcluster.states import LAUNCH_FAILED, LAUNCH_LAUNCHED, LAUNCH_PENDING
 
 URL_HELP = "SQLAlchemy database URL (or set DBCLUSTER_URL)."
 APP_HELP = "The application: module:attribute of a JobRegistry (or set DBCLUSTER_APP)."
 
 #: Request statuses after which ``submit --wait`` follows the execution.
-_ENDED = ("LAUNCHED", "FAILED")
+_ENDED = (LAUNCH_LAUNCHED, LAUNCH_FAILED)
 #: How long ``submit --wait`` waits for a node to claim the request before it says that none has.
 UNCLAIMED_HINT_S = 30.0
 
@@ -142,15 +143,17 @@ def _wait(
     repository = JobRepository(engine)
     while True:
         row = launches.request(request_id)
-        if row is not None and row.status == "FAILED":
+        if row is not None and row.status == LAUNCH_FAILED:
             if as_json:
-                _json({"request_id": request_id, "status": "FAILED", "error": row.error_message})
+                _json(
+                    {"request_id": request_id, "status": LAUNCH_FAILED, "error": row.error_message}
+                )
             else:
                 reason = mask_secrets(row.error_message or "")
                 click.echo(f"launch request {request_id} FAILED: {reason}", err=True)
             return EXIT_FAILED
         execution = None
-        if row is not None and row.status == "LAUNCHED":
+        if row is not None and row.status == LAUNCH_LAUNCHED:
             execution = repository.get_job_execution(int(row.job_execution_id))
             if execution is not None and not execution.status.is_running:
                 status = execution.status.value
@@ -167,7 +170,7 @@ def _wait(
                     click.echo(f"job execution {execution.id} ended {status}")
                 return EXIT_OK if status == "COMPLETED" else EXIT_FAILED
         waited = time.monotonic() - began
-        pending = row is None or row.status == "PENDING"
+        pending = row is None or row.status == LAUNCH_PENDING
         if pending and not hinted and waited >= min(UNCLAIMED_HINT_S, timeout):
             hinted = True
             click.echo(
@@ -190,7 +193,7 @@ def _wait(
                         "status": (
                             execution.status.value
                             if execution is not None
-                            else (row.status if row is not None else "PENDING")
+                            else (row.status if row is not None else LAUNCH_PENDING)
                         ),
                         "timed_out": True,
                     }

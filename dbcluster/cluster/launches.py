@@ -26,8 +26,8 @@ from sqlalchemy.exc import IntegrityError
 
 from dbcluster.batch.parameters import JobParameters
 from dbcluster.cluster.store import CoordinationStore
-from dbcluster.dialects.base import LAUNCH_FAILED, LAUNCH_LAUNCHED
 from dbcluster.errors import DbclusterError
+from dbcluster.states import LAUNCH_FAILED, LAUNCH_LAUNCHED
 
 log = logging.getLogger("dbcluster.launches")
 
@@ -82,7 +82,7 @@ class LaunchStore:
             return self._insert(conn, job_name, params, next_run)
 
     def request(self, request_id: int) -> Any | None:
-        rows = self.store._rows(self.provider.select_launch_request(request_id), "launch request")
+        rows = self.store.rows(self.provider.select_launch_request(request_id), "launch request")
         return rows[0] if rows else None
 
     # --- accepting nodes ------------------------------------------------------------------------
@@ -99,7 +99,7 @@ class LaunchStore:
             ("launch poll", limit),
             lambda: provider.select_pending_launches(bindparam("b_jobs", expanding=True), limit),
         )
-        ids = [int(r[0]) for r in store._rows(poll, "launch poll", {"b_jobs": job_names})]
+        ids = [int(r[0]) for r in store.rows(poll, "launch poll", {"b_jobs": job_names})]
         if not ids:
             return []
         lock = store.prepared(
@@ -146,7 +146,7 @@ class LaunchStore:
         first: with none, one cheap statement)."""
         provider, store = self.provider, self.store
         check = store.prepared("launch lost check", provider.select_lost_launch)
-        if not store._rows(check, "lost launches"):
+        if not store.rows(check, "lost launches"):
             return 0
         return store.transaction(
             lambda conn: store.execute(conn, provider.release_lost_launches()), "release launches"
@@ -179,7 +179,7 @@ class LaunchStore:
         )
         found: dict[str, datetime] = {}
         for name in schedule_names:
-            rows = self.store._rows(stmt, "last fire", {"b_name": name})
+            rows = self.store.rows(stmt, "last fire", {"b_name": name})
             if rows and rows[0][0] is not None:
                 found[name] = rows[0][0].replace(tzinfo=None)
         return found

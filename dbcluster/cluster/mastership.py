@@ -19,7 +19,7 @@ from dbcluster.batch.domain import JobExecution
 from dbcluster.batch.fence import FencedError
 from dbcluster.batch.status import BatchStatus
 from dbcluster.cluster.identity import Identity
-from dbcluster.dialects.base import COORD_COMPLETED, COORD_FAILED
+from dbcluster.states import COORD_COMPLETED, COORD_FAILED
 
 if TYPE_CHECKING:
     from dbcluster.cluster.store import CoordinationStore

@@ -1,14 +1,11 @@
-"""A cluster node: its membership (join, heartbeat, watchdog, fence, rejoin) and its services.
+"""A cluster node: the one place that builds a node's parts and wires them together.
 
-A node has an *identity* (a node id) per membership. When its row is removed, or it cannot
-heartbeat for so long that the cluster may remove it at any moment, that identity is fenced: it
-claims nothing more, starts nothing it claimed, and every transaction of its running partitions
-and masters is refused (their fences check the identity before the database does). The node then
-rejoins under a fresh id; nothing is ever written again under the old one.
-
-The node's loops are services (:mod:`dbcluster.cluster.service`): the heartbeat (started first,
-stopped last), the worker's poller (:mod:`dbcluster.cluster.worker`), and the maintainers
-(:mod:`dbcluster.cluster.maintenance`).
+A node opens its engines, builds its coordination store, its job repository and its
+:class:`~dbcluster.cluster.context.NodeContext` (settings, store, events, membership), and from
+that context its services (:mod:`dbcluster.cluster.service`): the heartbeat (started first,
+stopped last: :mod:`dbcluster.cluster.membership`), the stop-request watch, the maintainers
+(:mod:`dbcluster.cluster.maintenance`), the worker and its notifier, and the observers of its
+work. None of them sees the node; they meet through the context.
 
 Connections a node opens (see the README): a coordination pool of ``4 + 4`` (claims, sweeps,
 stranded-master scans, masters' coordination writes), an autocommit pool of ``3 + 4`` (polls,
@@ -21,7 +18,6 @@ transactions; all with the lock-wait and idle-in-transaction bounds of
 from __future__ import annotations
 
 import logging
-import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -31,25 +27,33 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine
 
+from dbcluster.batch.local import LocalPartitionHandler
 from dbcluster.batch.repository import JobRepository
+from dbcluster.batch.runtime import BatchRuntime
 from dbcluster.batch.transactions import RetryPolicy
+from dbcluster.cluster.context import NodeContext
 from dbcluster.cluster.events import EventHub
 from dbcluster.cluster.identity import Identity
+from dbcluster.cluster.launches import LaunchStore
+from dbcluster.cluster.maintenance.launches import LaunchAcceptor, Launcher
 from dbcluster.cluster.maintenance.pruner import Pruner
 from dbcluster.cluster.maintenance.restarter import AutoRestarts, Relauncher
+from dbcluster.cluster.maintenance.scheduler import Scheduler
 from dbcluster.cluster.maintenance.stranded import StrandedMasters, Takeover
 from dbcluster.cluster.maintenance.sweeper import Sweeper
+from dbcluster.cluster.membership import Heartbeat, Membership
+from dbcluster.cluster.notifier import Notifier
 from dbcluster.cluster.observing import NodeObserving
 from dbcluster.cluster.service import Service, ServiceGroup
-from dbcluster.cluster.settings import ClusterSettings, _host_name
+from dbcluster.cluster.settings import ClusterSettings, host_name
 from dbcluster.cluster.stopping import StopRequests
 from dbcluster.cluster.store import CoordinationStore
+from dbcluster.cluster.worker import Worker
 from dbcluster.dialects import get_provider, make_engine
 from dbcluster.dialects.base import SessionLimits
 
 if TYPE_CHECKING:
     from dbcluster.batch.registry import JobRegistry
-    from dbcluster.cluster.worker import Worker
 
 log = logging.getLogger("dbcluster.node")
 
@@ -66,6 +70,11 @@ class NodeEngines:
     def own(self, shared: Engine) -> set[Engine]:
         """The engines the node made itself (disposed of when it stops)."""
         return {self.coordination, self.work, self.autocommit} - {shared, None}  # type: ignore[return-value]
+
+    def coordinating(self) -> list[Engine]:
+        """The engines coordination statements run on (reads and single statements on the
+        autocommit one where there is one)."""
+        return [e for e in (self.coordination, self.autocommit) if e is not None]
 
 
 def _own_engines(engine: Engine, settings: ClusterSettings, capacity: int) -> NodeEngines:
@@ -110,19 +119,15 @@ def _own_engines(engine: Engine, settings: ClusterSettings, capacity: int) -> No
     return NodeEngines(coordination, work, autocommit)
 
 
-class Heartbeat(Service):
-    name = "heartbeat"
-
-    def __init__(self, node: Node) -> None:
-        super().__init__(node.settings.heartbeat_interval)
-        self.node = node
-
-    def run_once(self) -> None:
-        self.node.beat()
-
-
 class Node:
-    """A peer in the cluster. ``start()`` joins, ``stop()`` leaves gracefully."""
+    """A peer in the cluster. ``start()`` joins, ``stop()`` leaves gracefully.
+
+    Hooks set before :meth:`start` (by the :class:`~dbcluster.cluster.app.Cluster`): ``takeover``
+    (how it runs a job it takes over from a lost master; None: it abandons such jobs),
+    ``relauncher`` (how it restarts executions that ended for cluster reasons; None: it does
+    not), ``launcher`` (how it runs the launch requests it claims; None: it accepts none, and
+    fires no schedule) with ``max_launches``.
+    """
 
     def __init__(
         self,
@@ -139,11 +144,14 @@ class Node:
         self.capacity = self.settings.concurrency_limit if capacity is None else capacity
         if registry is None and self.capacity > 0:
             raise ValueError("a node that runs partitions needs a JobRegistry")
-        self.host = host or _host_name()
+        self.host = host or host_name()
         self.engines = _own_engines(engine, self.settings, self.capacity)
         self.coordination_engine = self.engines.coordination
         self.work_engine = self.engines.work
         self.store = CoordinationStore(self.coordination_engine, autocommit=self.engines.autocommit)
+        self.events = EventHub()
+        self.membership = Membership(self.settings, self.events, on_fenced=self._on_fenced)
+        self.context = NodeContext(self.settings, self.store, self.events, self.membership)
         self.repository = JobRepository(
             self.work_engine,
             RetryPolicy(
@@ -156,24 +164,18 @@ class Node:
             ),
             reader=self.engines.autocommit,
         )
-        self.events = EventHub()
-        self._lock = threading.RLock()
-        self._stopping = threading.Event()
-        self._identity: Identity | None = None
-        #: Every id this node has joined under, oldest first.
-        self.ids: list[str] = []
-        self._masters = 0
+        #: Launch requests and schedule fires, on the node's store.
+        self.launches = LaunchStore(self.store)
         self.services = ServiceGroup(on_death=self._service_died)
         #: The executions this node works for, watched for stop requests.
         self.stop_requests = StopRequests(self.store, self.settings)
         self.worker: Worker | None = None
-        #: How this node runs a job it takes over from a lost master (set by the Cluster; None:
-        #: it abandons such jobs).
         self.takeover: Takeover | None = None
-        #: How this node restarts executions that ended for cluster reasons (None: it does not).
         self.relauncher: Relauncher | None = None
-        #: Services the cluster adds (maintainers built from the store), started after the
-        #: node's own and stopped before them.
+        self.launcher: Launcher | None = None
+        self.max_launches = 16
+        #: Services added with :meth:`add_service`, started after the node's own and stopped
+        #: before them.
         self._added: list[Service] = []
         self._started = False
 
@@ -184,140 +186,104 @@ class Node:
         self._added.append(service)
         return service
 
-    # --- identity -------------------------------------------------------------------------------
+    # --- identity (the membership's) --------------------------------------------------------------
 
     @property
     def identity(self) -> Identity:
-        if self._identity is None:
-            raise RuntimeError("the node has not joined the cluster; call start()")
-        return self._identity
+        return self.membership.identity
 
     @property
     def node_id(self) -> str:
         return self.identity.node_id
 
     @property
+    def ids(self) -> list[str]:
+        """Every id this node has joined under, oldest first."""
+        return self.membership.ids
+
+    @property
     def is_fenced(self) -> bool:
-        return self._identity is None or self._identity.is_fenced
+        return self.membership.is_fenced
 
     @property
     def stopping(self) -> bool:
-        return self._stopping.is_set()
+        return self.membership.stopping
 
-    def acting(self) -> Identity | None:
+    def usable_identity(self) -> Identity | None:
         """The identity this node may act under now, or None (not joined, fenced, leaving, or
         silent so long that the cluster may remove it at any moment)."""
-        identity = self._identity
-        if identity is None or self.stopping or self.watchdog(identity):
-            return None
-        return identity
+        return self.membership.usable_identity()
+
+    def fence(self, identity: Identity, reason: str) -> None:
+        """Stop acting under ``identity``: its claims, partitions and masters refuse to write."""
+        self.membership.fence(identity, reason)
+
+    def _on_fenced(self, identity: Identity) -> None:
+        if self.worker is not None:
+            self.worker.on_fenced(identity)
 
     def _join(self) -> Identity:
         node_id = f"{self.settings.node_id_prefix}-{uuid.uuid4().hex}"
         # A worker that withdrew (its claims kept failing) rejoins without capacity.
         withdrawn = self.worker is not None and self.worker.withdrawn is not None
-        self.store.register(node_id, self.host, 0 if withdrawn else self.capacity)
-        identity = Identity(node_id)
-        with self._lock:
-            self._identity = identity
-            self.ids.append(node_id)
-        log.info("node %s joined the cluster (capacity %d)", node_id, self.capacity)
-        self.events.joined(node_id)
-        return identity
-
-    def fence(self, identity: Identity, reason: str) -> None:
-        """Stop acting under ``identity``: its claims, partitions and masters refuse to write."""
-        with self._lock:
-            if identity.fenced.is_set():
-                return
-            identity.fence_reason = reason
-            identity.fenced.set()
-        if self.worker is not None:
-            self.worker.on_fenced(identity)
-        log.warning("node %s fenced itself (%s)", identity.node_id, reason)
-        self.events.fenced(identity.node_id, reason)
-
-    def watchdog(self, identity: Identity) -> bool:
-        """Fence when the last good heartbeat is so old that the cluster may remove this node at
-        any moment, even if the heartbeat thread itself is stuck in a call that has not returned
-        (a cut network) or the process was stopped. Shorter silences stay in the grace window:
-        an UNREACHABLE node that beats again is ACTIVE again. True when fenced."""
-        s = self.settings
-        limit = max(s.unreachable_threshold, s.cleanup_threshold - s.heartbeat_interval)
-        silent_ms = (time.monotonic() - identity.last_heartbeat_ok) * 1000
-        if silent_ms >= limit and not identity.fenced.is_set():
-            self.fence(identity, f"no heartbeat for {silent_ms:.0f} ms")
-        return identity.fenced.is_set()
-
-    def beat(self) -> None:
-        identity = self._identity
-        if identity is None or identity.fenced.is_set():
-            if not self.stopping:
-                self._rejoin()
-            return
-        began = time.monotonic()
-        try:
-            alive = self.store.heartbeat(identity.node_id, self.load)
-        except Exception as exc:  # noqa: BLE001 - judged by how long it has lasted
-            silent_ms = (time.monotonic() - identity.last_heartbeat_ok) * 1000
-            log.warning("node %s cannot heartbeat (%d ms): %s", identity.node_id, silent_ms, exc)
-            if silent_ms >= self.settings.unreachable_threshold:
-                self.fence(identity, f"no heartbeat for {silent_ms:.0f} ms")
-            return
-        # A heartbeat that only lands after the unreachable threshold may have revived a row
-        # that others already judged; we still hold it, so it counts as alive.
-        if alive:
-            identity.last_heartbeat_ok = time.monotonic()
-            self.events.heartbeat(identity.node_id, identity.last_heartbeat_ok - began)
-        else:
-            self.fence(identity, "its registry row was removed")
-
-    def _rejoin(self) -> None:
-        try:
-            self._join()
-        except Exception as exc:  # noqa: BLE001 - try again on the next beat
-            log.warning("node could not rejoin the cluster: %s", exc)
+        capacity = 0 if withdrawn else self.capacity
+        self.store.register(node_id, self.host, capacity)
+        return self.membership.joined(node_id, self.capacity)
 
     @property
     def load(self) -> int:
         return 0 if self.worker is None else self.worker.load
 
-    # --- lifecycle ------------------------------------------------------------------------------
+    # --- wiring -----------------------------------------------------------------------------------
 
     def start(self) -> Node:
         if self._started:
             raise RuntimeError("node already started")
         self._started = True
-        self.observing = NodeObserving(self).start()
+        context, s = self.context, self.settings
+        self.observing = NodeObserving(context, self.engines.coordinating()).start()
         self._join()
-        s = self.settings
-        self.services.add(Heartbeat(self))
+        usable = self.membership.usable_identity
+        self.services.add(Heartbeat(self.membership, self.store, lambda: self.load, self._join))
         self.services.add(self.stop_requests)
-        self.services.add(Sweeper(self.store, s, self.events, self.acting))
+        self.services.add(Sweeper(self.store, s, self.events, usable))
         if s.prune_after is not None:
-            self.services.add(Pruner(self.store, s, self.events, self.acting))
+            self.services.add(Pruner(self.store, s, self.events, usable))
         self.services.add(
-            StrandedMasters(self.store, self.repository, s, self.events, self.acting, self.takeover)
+            StrandedMasters(self.store, self.repository, s, self.events, usable, self.takeover)
         )
         if self.relauncher is not None:
-            self.services.add(AutoRestarts(self.repository, s, self.acting, self.relauncher))
+            self.services.add(AutoRestarts(self.repository, s, usable, self.relauncher))
         if self.capacity > 0:
-            from dbcluster.cluster.worker import Worker
-
-            self.worker = Worker(self)
+            runtime = BatchRuntime(self.repository, LocalPartitionHandler(), self.registry)
+            self.worker = Worker(
+                context, runtime, capacity=self.capacity, stop_requests=self.stop_requests
+            )
             self.services.add(self.worker)
             listen = self.engines.autocommit
             if listen is not None and get_provider(listen).supports_listen_notify:
-                from dbcluster.cluster.notifier import Notifier
-
-                self.services.add(Notifier(self, listen))
+                self.services.add(Notifier(context, listen, self.worker))
+        if self.launcher is not None:
+            self._accept_launches(self.launcher)
         for service in self._added:
             self.services.add(service)
         self.services.start()
         return self
 
+    def _accept_launches(self, launcher: Launcher) -> None:
+        """Claim launch requests for ``launcher`` and fire the registry's schedules."""
+        usable = self.membership.usable_identity
+        acceptor = LaunchAcceptor(
+            self.launches, self.settings, self.events, usable, launcher, self.max_launches
+        )
+        self.services.add(acceptor)
+        schedules = [] if self.registry is None else self.registry.schedules()
+        self.services.add(
+            Scheduler(self.launches, schedules, self.settings, self.events, usable, acceptor.wake)
+        )
+
     def _service_died(self, service: Service, death: BaseException) -> None:
-        identity = self._identity
+        identity = self.membership.current
         log.error("node service %s died (%r): the node fences itself", service.name, death)
         if identity is not None:
             self.fence(identity, f"its {service.name} service died")
@@ -336,13 +302,8 @@ class Node:
     @contextmanager
     def mastering(self) -> Iterator[None]:
         """Marks a master running on this node (a graceful stop waits for it)."""
-        with self._lock:
-            self._masters += 1
-        try:
+        with self.context.masters.mastering():
             yield
-        finally:
-            with self._lock:
-                self._masters -= 1
 
     def stop(self, drain_timeout_ms: int | None = None) -> None:
         """Leave gracefully: stop claiming, hand back what has not started, let running
@@ -351,22 +312,18 @@ class Node:
         if not self._started:
             return
         drain = self.settings.drain_timeout if drain_timeout_ms is None else drain_timeout_ms
-        self._stopping.set()
+        self.membership.stop()
         self.services.set_gate(None)
         deadline = time.monotonic() + drain / 1000
         if self.worker is not None:
             self._withdraw()
             self.worker.wake()
             self.worker.drain(deadline)
-        while self._masters and time.monotonic() < deadline:
-            time.sleep(0.02)
+        self.context.masters.wait(deadline)
         self.services.stop(keep=("heartbeat",))
         self.services.stop()
-        identity = self._identity
-        if identity is not None and not identity.fenced.is_set():
-            # Nothing writes under this id after it leaves (a master still monitoring stops).
-            identity.fence_reason = "left the cluster"
-            identity.fenced.set()
+        identity = self.membership.current
+        if identity is not None and self.membership.retire(identity):
             try:
                 self.store.deregister(identity.node_id)
                 log.info("node %s left the cluster", identity.node_id)
@@ -380,7 +337,7 @@ class Node:
 
     def _withdraw(self) -> None:
         """Publish capacity 0, so no master places or moves partitions onto a leaving node."""
-        identity = self._identity
+        identity = self.membership.current
         if identity is None or identity.fenced.is_set():
             return
         try:
@@ -389,7 +346,7 @@ class Node:
             log.warning("node %s could not withdraw its capacity: %s", identity.node_id, exc)
 
     def describe(self) -> dict[str, Any]:
-        identity = self._identity
+        identity = self.membership.current
         return {
             "node_id": None if identity is None else identity.node_id,
             "fenced": self.is_fenced,

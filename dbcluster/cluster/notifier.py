@@ -22,7 +22,8 @@ from dbcluster.dialects import get_provider
 from dbcluster.dialects.base import Listener
 
 if TYPE_CHECKING:
-    from dbcluster.cluster.node import Node
+    from dbcluster.cluster.context import NodeContext
+    from dbcluster.cluster.worker import Worker
 
 log = logging.getLogger("dbcluster.node")
 
@@ -31,20 +32,22 @@ WAIT_S = 0.5
 
 
 class Notifier(Service):
-    """Listens on the node's wake-up channel (under its current identity) and wakes its worker."""
+    """Listens on the node's wake-up channel (under its current identity, on a connection of
+    ``engine``) and wakes ``worker``."""
 
     name = "listen"
 
-    def __init__(self, node: Node, engine: Engine) -> None:
+    def __init__(self, context: NodeContext, engine: Engine, worker: Worker) -> None:
         super().__init__(0)
-        self.node = node
+        self.context = context
+        self.worker = worker
         self.engine = engine
         self.provider = get_provider(engine)
         self._listener: Listener | None = None
         self._channel: str | None = None
 
     def run_once(self) -> None:
-        identity = self.node.acting()
+        identity = self.context.usable_identity()
         if identity is None:
             self._close()
             self._stop.wait(WAIT_S)
@@ -56,15 +59,15 @@ class Notifier(Service):
                 self._listener = self.provider.open_listener(self.engine, channel)
                 self._channel = channel
                 # Work placed before the listener was up is found by this poll.
-                self.node.wake()
+                self.worker.wake()
             payloads = self._listener.wait(WAIT_S)
             if payloads is not None:
                 ids = [sid for payload in payloads for sid in offered_ids(payload)]
-                self.node.offer(identity.node_id, ids)
+                self.worker.offer(identity.node_id, ids)
         except Exception as exc:  # noqa: BLE001 - the node polls meanwhile
             log.warning("node %s lost its wake-up listener: %s", identity.node_id, exc)
             self._close()
-            self._stop.wait(self.node.settings.heartbeat_interval / 1000)
+            self._stop.wait(self.context.settings.heartbeat_interval / 1000)
 
     def _close(self) -> None:
         listener, self._listener, self._channel = self._listener, None, None

@@ -9,6 +9,7 @@ partition's :class:`~dbcluster.cluster.fencing.PartitionFence`, or a master's
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, event
@@ -18,7 +19,7 @@ from dbcluster.batch.observe import BatchObserver, ChunkClock, observers
 
 if TYPE_CHECKING:
     from dbcluster.batch.domain import StepExecution
-    from dbcluster.cluster.node import Node
+    from dbcluster.cluster.context import NodeContext
 
 
 def step_name_of(step_execution: StepExecution) -> str:
@@ -42,34 +43,31 @@ def error_kind(context: ExceptionContext, is_transient: Any) -> str:
 
 
 class NodeObserving(BatchObserver):
-    """Fires ``chunk_committed`` and ``coordination_error`` on a node's events."""
+    """Fires ``chunk_committed`` and ``coordination_error`` on a node's events; ``engines``: the
+    engines its coordination statements run on (heartbeats, polls and reads go on the
+    autocommit engine where the database has one)."""
 
-    def __init__(self, node: Node) -> None:
-        self.node = node
+    def __init__(self, context: NodeContext, engines: Sequence[Engine]) -> None:
+        self.context = context
+        self.membership = context.membership
+        self.engines = list({id(e): e for e in engines}.values())
         self._clock = ChunkClock()
 
     def start(self) -> NodeObserving:
         observers.subscribe(self)
-        for engine in self._coordination_engines():
+        for engine in self.engines:
             event.listen(engine, "handle_error", self._on_error)
         return self
 
     def stop(self) -> None:
         observers.unsubscribe(self)
-        for engine in self._coordination_engines():
+        for engine in self.engines:
             if event.contains(engine, "handle_error", self._on_error):
                 event.remove(engine, "handle_error", self._on_error)
 
-    def _coordination_engines(self) -> list[Engine]:
-        """The engines coordination statements run on: heartbeats, polls and reads go on the
-        autocommit engine where the database has one."""
-        engines = self.node.engines
-        found = [engines.coordination, engines.autocommit]
-        return list({id(e): e for e in found if e is not None}.values())
-
     def _mine(self, step_execution: StepExecution) -> str | None:
         node_id = fence_node(step_execution)
-        return node_id if node_id is not None and node_id in self.node.ids else None
+        return node_id if node_id is not None and node_id in self.membership.ids else None
 
     # --- batch observer ---------------------------------------------------------------------
 
@@ -81,7 +79,7 @@ class NodeObserving(BatchObserver):
         node_id = self._mine(step_execution)
         chunk = None if node_id is None else self._clock.chunk(step_execution)
         if node_id is not None and chunk is not None:
-            self.node.events.chunk_committed(
+            self.context.events.chunk_committed(
                 node_id,
                 step_name_of(step_execution),
                 chunk.read,
@@ -96,8 +94,8 @@ class NodeObserving(BatchObserver):
 
     # --- coordination engine ----------------------------------------------------------------
 
-    def _on_error(self, context: ExceptionContext) -> None:
-        ids = self.node.ids
+    def _on_error(self, failure: ExceptionContext) -> None:
+        ids = self.membership.ids
         if ids:
-            kind = error_kind(context, self.node.store.provider.is_transient)
-            self.node.events.coordination_error(ids[-1], kind)
+            kind = error_kind(failure, self.context.store.provider.is_transient)
+            self.context.events.coordination_error(ids[-1], kind)

@@ -5,9 +5,8 @@ master), and a worker does not withdraw over it (see :mod:`dbcluster.cluster.wor
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy.exc import (
     DataError,
@@ -21,12 +20,14 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from dbcluster.batch.fence import FencedError
 from dbcluster.batch.transactions import UnclearCommitError
+from dbcluster.retry import Retry, warn_once
 
 if TYPE_CHECKING:
+    from dbcluster.cluster.context import NodeContext
     from dbcluster.cluster.mastership import Mastership
-    from dbcluster.cluster.node import Node
 
 log = logging.getLogger("dbcluster.master")
+T = TypeVar("T")
 
 
 #: What the database says of a statement itself: its data does not fit, a constraint refuses it,
@@ -61,20 +62,32 @@ def is_passing(provider: Any, error: BaseException) -> bool:
     return isinstance(error, (InterfaceError, *UNREACHED))
 
 
-def patiently(node: Node, mastership: Mastership, work: Callable[[], Any], what: str) -> Any:
-    """Run ``work`` until it succeeds, waiting out database errors while this node is the
-    master (a fenced node stops: :class:`MastershipLostError`)."""
-    warned = False
-    while True:
-        mastership.check()
-        try:
+class Patience:
+    """How a master waits the database out: it runs its work until it succeeds, trying again
+    every ``pause_ms`` after a database error (:func:`is_connectivity_error`, or one the
+    provider's ``is_transient`` names) while its node is the master; a fenced node stops
+    (:class:`MastershipLostError`), and any other error is raised at once. One WARNING per
+    wait."""
+
+    def __init__(self, is_transient: Callable[[BaseException], bool], pause_ms: int) -> None:
+        def waits_out(error: BaseException) -> bool:
+            if isinstance(error, FencedError):
+                return False
+            return is_connectivity_error(error) or is_transient(error)
+
+        self.retry = Retry.every(pause_ms / 1000, waits_out, on_retry=warn_once(log))
+
+    @classmethod
+    def of(cls, context: NodeContext) -> Patience:
+        """A node's masters' patience: the provider's transient errors, every
+        ``master_check_interval``."""
+        return cls(context.store.provider.is_transient, context.settings.master_check_interval)
+
+    def run(self, mastership: Mastership, work: Callable[[], T], what: str) -> T:
+        """``work()`` once it succeeds (see the class doc); ``what`` it does, for the log."""
+
+        def as_master() -> T:
+            mastership.check()
             return work()
-        except FencedError:
-            raise
-        except Exception as error:
-            if not is_connectivity_error(error) and not node.store.provider.is_transient(error):
-                raise
-            if not warned:
-                log.warning("master %s cannot %s yet: %s", mastership.node_id, what, error)
-                warned = True
-            time.sleep(node.settings.master_check_interval / 1000)
+
+        return self.retry.call(as_master, f"master {mastership.node_id} cannot {what}")

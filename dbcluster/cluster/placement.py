@@ -12,20 +12,20 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection
 
+from dbcluster import points
 from dbcluster.batch.domain import StepExecution
 from dbcluster.batch.exceptions import BatchError
 from dbcluster.batch.observe import observers
 from dbcluster.batch.repository import Riders
 from dbcluster.cluster.assignment import AssignmentStrategy
 from dbcluster.cluster.mastership import Mastership
-from dbcluster.cluster.patience import patiently
+from dbcluster.cluster.patience import Patience
 from dbcluster.cluster.store import NodeInfo
-from dbcluster.testing import points
 
 if TYPE_CHECKING:
     from dbcluster.batch.partition import PartitionStep, PartitionWork
     from dbcluster.batch.runtime import BatchRuntime
-    from dbcluster.cluster.node import Node
+    from dbcluster.cluster.context import NodeContext
 
     #: A placement: the partitions, the node of each (by name), the step execution ids on each
     #: node.
@@ -39,24 +39,30 @@ class NoLiveNodeError(BatchError):
 class Placer:
     """Places a master's partitions on the live worker nodes by ``strategy``."""
 
-    def __init__(self, node: Node, strategy: AssignmentStrategy, no_node_timeout_ms: int) -> None:
-        self.node = node
+    def __init__(
+        self,
+        context: NodeContext,
+        strategy: AssignmentStrategy,
+        no_node_timeout_ms: int,
+        patience: Patience | None = None,
+    ) -> None:
+        self.store = context.store
+        self.settings = context.settings
         self.strategy = strategy
         self.no_node_timeout_ms = no_node_timeout_ms
+        self.patience = patience or Patience.of(context)
 
     def wait_for_workers(self, mastership: Mastership) -> list[NodeInfo]:
         deadline = time.monotonic() + self.no_node_timeout_ms / 1000
         while True:
-            workers = patiently(
-                self.node, mastership, self.node.store.worker_nodes, "read the nodes"
-            )
+            workers = self.patience.run(mastership, self.store.worker_nodes, "read the nodes")
             if workers:
                 return workers
             if time.monotonic() >= deadline:
                 raise NoLiveNodeError(
                     f"no live worker node joined within {self.no_node_timeout_ms} ms"
                 )
-            time.sleep(self.node.settings.master_check_interval / 1000)
+            time.sleep(self.settings.master_check_interval / 1000)
 
     def place(
         self,
@@ -71,7 +77,7 @@ class Placer:
         before it writes): hold the mastership while pointing the coordination row at this step,
         create the partitions' step executions and insert their PENDING rows. Returns the
         partitions, the node of each (by name) and the step execution ids placed on each node."""
-        store = self.node.store
+        store = self.store
         context = master.execution_context.copy()
         placed: dict[str, Any] = {}
 
@@ -88,11 +94,8 @@ class Placer:
                 return placed["result"]  # type: ignore[no-any-return]
             return None
 
-        return patiently(  # type: ignore[no-any-return]
-            self.node,
-            mastership,
-            lambda: store.transaction(work, "place partitions", verify),
-            "place",
+        return self.patience.run(
+            mastership, lambda: store.transaction(work, "place partitions", verify), "place"
         )
 
     def place_in(
@@ -110,7 +113,7 @@ class Placer:
         """The placement's statements, in ``conn``'s transaction: the coordination row held and
         pointed at this step (``pointed``: the transaction wrote it so), the partitions' step
         executions, their PENDING rows, the wake-ups (sent at COMMIT)."""
-        store = self.node.store
+        store = self.store
         if not pointed:
             mastership.place(conn, master.id, step.worker_step.name)
         traced = {"trace_context": tc} if (tc := observers.trace_context(master)) else {}
@@ -127,21 +130,22 @@ class Placer:
                 **traced,
             }
 
-        riding: list[Riders] = []
+        #: The lone partition's placement, where it rides on its step execution's creation.
+        lone: list[Riders] = []
 
-        def placing_one(pending: list[tuple[str, Any, bool]]) -> Riders | None:
+        def place_lone_partition(pending: list[tuple[str, Any, bool]]) -> Riders | None:
             """A lone partition is placed (and its node woken) by the statement that creates
             its step execution, where the database can: one round trip fewer."""
             if len(pending) != 1:
                 return None
             name, _, transferable = pending[0]
             chosen.update(self.strategy.assign([name], workers))
-            riders = store.placing_one(row(name, transferable))
-            riding.extend([riders] if riders is not None else [])
-            return riders
+            placement = store.lone_partition_placement(row(name, transferable))
+            lone.extend([placement] if placement is not None else [])
+            return placement
 
         works = step.split(
-            master, len(workers), runtime, conn, planned=planned, riders_for=placing_one
+            master, len(workers), runtime, conn, planned=planned, riders_for=place_lone_partition
         )
         if works and not chosen:
             chosen.update(self.strategy.assign([w.name for w in works], workers))
@@ -149,7 +153,7 @@ class Placer:
         placed_on: dict[str, list[int]] = {}
         for w in works:
             placed_on.setdefault(placement[w.name], []).append(w.step_execution.id)
-        if works and not (riding and riding[0].rows is not None):
+        if works and not (lone and lone[0].rows is not None):
             store.place_partitions(
                 conn,
                 [
@@ -184,7 +188,7 @@ class Placer:
         placement failed (the step must fail with it, not the launch). ``found``: the live
         nodes' rows where the statement that created the execution read them (else they are
         read here)."""
-        workers = self.node.store.worker_nodes(conn, found=found)
+        workers = self.store.worker_nodes(conn, found=found)
         if not workers:
             return
         began = time.monotonic()
@@ -192,7 +196,7 @@ class Placer:
             planned = Planned(step.plan(master, len(workers)))
         except Exception as error:  # noqa: BLE001 - the step fails with it, as it would later
             planned = Planned(None, error)
-        budget_ms = self.node.settings.idle_transaction_ms / 2
+        budget_ms = self.settings.idle_transaction_ms / 2
         if (time.monotonic() - began) * 1000 >= budget_ms or mastership.fenced:
             raise PlaceLater(planned)
         if planned.error is not None:

@@ -75,7 +75,8 @@ def parse_age(text: str) -> int:
     return int(found.group(1)) * _UNIT_MS[found.group(2).lower()]
 
 
-def _host_name() -> str:
+def host_name() -> str:
+    """This machine's name (a node's registered host, the default node id prefix)."""
     return socket.gethostname() or "node"
 
 
@@ -90,7 +91,7 @@ class ClusterSettings:
     orphan_check_interval: int = 1000
     stranded_master_scan_interval: int = 10000
     concurrency_limit: int = 10
-    node_id_prefix: str = field(default_factory=_host_name)
+    node_id_prefix: str = field(default_factory=host_name)
     #: How long a graceful stop waits for running partitions before stopping them.
     drain_timeout: int = 30000
     #: How long a master waits for a live node to place a transferable partition on.

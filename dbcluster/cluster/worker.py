@@ -1,58 +1,8 @@
-"""The worker's poller: finds the partitions its node may run and claims them in batches.
-
-A poll is one read (no transaction): the node's own PENDING partitions and those it may steal,
-oldest first, up to its free capacity. A claim is one transaction for all of them (one
-statement where the database can; see
-:meth:`~dbcluster.cluster.store.CoordinationStore.claim`): it first locks the node's own
-registry row (a node removed since it polled claims nothing), then moves the partitions still
-PENDING to CLAIMED and records their step executions STARTED; the
+"""The worker's poller: finds the partitions its node may run and claims them in batches; its
 :class:`~dbcluster.cluster.executor.Executor` runs what was won.
 
-**Work stealing.** Placement is a preference: a PENDING partition never ran under its attempt, so
-any live node may claim it through the same guarded claim (exactly one claim wins): at once when
-its node has not heartbeaten for ``unreachable_threshold`` (or is gone), else once it waited
-``work_stealing_delay`` unclaimed.
-
-**Offers.** A wake-up names the partitions its placement put on this node (see
-:mod:`dbcluster.cluster.notifier`; a master that is also a worker offers its own): those are
-claimed first, without a poll; an offer another node took meanwhile is simply not won, and a
-claim that won fewer than it was offered polls at once for the rest.
-
-**Claims that keep failing.** A claim that fails on the database's passing trouble (a deadlock,
-a lock timeout, a lost or refused connection) is simply tried again. One that fails
-:data:`CLAIM_FAILURES_TO_WITHDRAW` times in a row on anything else (a schema this version cannot
-use, a bug) withdraws the node from taking partitions: it publishes capacity 0, hands back what
-was placed on it and not claimed (its masters place that elsewhere; with no node left to take
-it, a master fails it after ``no_node_timeout``, so no job waits on it for ever) and reports not
-ready. It tries a claim (of what it may steal, else of nothing: the claim statement still runs)
-every :data:`WITHDRAWN_PROBE_POLLS` poll intervals, the first that works gives its capacity
-back; each withdrawal that follows without a claim of partitions working in between doubles
-that pause (a claim that only fails with partitions to claim cannot keep a job's master
-waiting: the pauses outgrow ``no_node_timeout``).
-
-**Claiming ahead** (with ``prefetch_multiplier`` above 1). While its recent partitions were short
-(under :data:`PREFETCH_BELOW_MS` on average) and transferable, a node holds up to
-``prefetch_multiplier`` partitions per slot: once no more are waiting than it has slots, one claim
-takes enough to fill that, and each slot that frees up starts a waiting one at once, without a
-round trip of its own (one claim serves several partitions, as Celery's prefetch does). The
-partitions claimed ahead are STARTED and CLAIMED like any other, so every fence holds unchanged: a
-node that stops gracefully hands back those it has not begun, and a killed node's are run elsewhere
-once it is removed, as its running ones are (not once it turns unreachable, as its unclaimed ones
-are: the price of claiming ahead, which is why it is off by default). Claiming ahead stops after a
-claim that won a non-transferable partition (which a removed node's master fails instead of running
-again) and while partitions run long (one waiting behind another might have started sooner on a
-free node): then a claim takes only the free slots.
-
-**Handing on.** A poll reads up to a slot's worth more than it claims; those, and offers not
-yet claimed, are what a slot whose partition ends names to its final write, which claims one of
-them in the same statement where it can (see :mod:`dbcluster.cluster.executor`): then the slot
-runs it without the poller.
-
-**When it polls.** At once when woken: a completion on this node while more work was waiting, a
-notification that work was placed on it (see :mod:`dbcluster.cluster.notifier`), or a master on
-this node that placed some. Otherwise the interval adapts: short after a poll that found work,
-doubling after each empty one up to ``task_polling_interval``, so an idle node costs one read per
-interval and a busy one picks up follow-on work within tens of milliseconds.
+How it polls, claims (its own partitions, offers from wake-ups, stolen ones, ahead of its free
+slots), hands slots on and withdraws when its claims keep failing: docs/CONTRACTS.md, "Worker".
 """
 
 from __future__ import annotations
@@ -62,16 +12,18 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from dbcluster import points
 from dbcluster.batch.domain import utcnow
+from dbcluster.cluster.context import NodeContext
 from dbcluster.cluster.executor import Executor
 from dbcluster.cluster.identity import Identity
 from dbcluster.cluster.patience import is_passing
 from dbcluster.cluster.service import Service
 from dbcluster.cluster.store import NodeRemovedError
-from dbcluster.testing import points
 
 if TYPE_CHECKING:
-    from dbcluster.cluster.node import Node
+    from dbcluster.batch.runtime import BatchRuntime
+    from dbcluster.cluster.stopping import StopRequests
 
 log = logging.getLogger("dbcluster.node")
 
@@ -92,19 +44,34 @@ WITHDRAWN_PROBE_MAX_MS = 600_000
 
 
 class Worker(Service):
-    """The node's poller (this service) and its partition executor (``concurrency_limit``
-    threads)."""
+    """The node's poller (this service) and its partition executor (``capacity`` threads
+    running the steps of ``runtime``'s registry; the jobs they run are watched for stop
+    requests by ``stop_requests``)."""
 
     name = "poll"
 
-    def __init__(self, node: Node) -> None:
-        self.idle_interval_ms = node.settings.task_polling_interval
+    def __init__(
+        self,
+        context: NodeContext,
+        runtime: BatchRuntime,
+        *,
+        capacity: int,
+        stop_requests: StopRequests,
+    ) -> None:
+        self.idle_interval_ms = context.settings.task_polling_interval
         super().__init__(self.idle_interval_ms)
-        self.node = node
-        self.store = node.store
-        self.settings = node.settings
-        self.capacity = node.capacity
-        self.executor = Executor(node, self._slot_freed, self._next_partition)
+        self.context = context
+        self.store = context.store
+        self.settings = context.settings
+        self.capacity = capacity
+        self.executor = Executor(
+            context,
+            runtime,
+            capacity=capacity,
+            stop_requests=stop_requests,
+            on_free=self._slot_freed,
+            next_partition=self._next_partition,
+        )
         #: Whether every partition of the last claim that won any was transferable.
         self._transferable = False
         self._backlog = False
@@ -139,7 +106,7 @@ class Worker(Service):
     def _next_partition(self, identity: Identity) -> int | None:
         """For a slot whose partition ends: one partition known to be waiting (offered, or
         found by a poll beyond what it claimed), for its final write to claim next."""
-        if self.node.acting() is not identity:  # fenced, leaving, or silent too long
+        if self.context.usable_identity() is not identity:  # fenced, leaving, or silent too long
             return None
         taken = self._take_offers(identity.node_id, 1)
         return taken[0] if taken else None
@@ -169,7 +136,7 @@ class Worker(Service):
     # --- poll and claim -------------------------------------------------------------------------
 
     def run_once(self) -> None:
-        identity = self.node.acting()
+        identity = self.context.usable_identity()
         if identity is None:
             return
         free = self._room()
@@ -189,7 +156,7 @@ class Worker(Service):
             self.interval_ms = min(self.idle_interval_ms, self.interval_ms * 2)
 
     def claims_ahead(self) -> bool:
-        """Whether this node holds more partitions than it has slots (see the module's
+        """Whether this node holds more partitions than it has slots (docs/CONTRACTS.md,
         "Claiming ahead")."""
         recent = self.executor.recent_run_ms
         return (
@@ -244,15 +211,15 @@ class Worker(Service):
             log.warning("node %s could not hand its partitions back: %s", identity.node_id, exc)
             return
         if withdrawing:
-            self.node.events.withdrawn(identity.node_id, self.withdrawn, handed)
+            self.context.events.withdrawn(identity.node_id, self.withdrawn, handed)
 
     def _take_work_again(self, identity: Identity) -> None:
         """A claim worked after the node withdrew: it takes partitions again (unless it is
         leaving, which withdrew its capacity for good)."""
-        if self.node.stopping:
+        if self.context.stopping:
             return
         self.store.set_capacity(identity.node_id, self.capacity)
-        if self.node.stopping:  # a graceful stop began meanwhile: its capacity 0 stands
+        if self.context.stopping:  # a graceful stop began meanwhile: its capacity 0 stands
             self.store.set_capacity(identity.node_id, 0)
             return
         log.info("node %s takes partitions again: a claim worked", identity.node_id)
@@ -294,17 +261,17 @@ class Worker(Service):
                 try:
                     self.store.claim(identity.node_id, self.load, [], utcnow())
                 except NodeRemovedError as exc:
-                    self.node.fence(identity, str(exc))
+                    self.context.fence(identity, str(exc))
             return False
         points.reach("node.between_poll_and_claim", node_id=identity.node_id, partitions=polled)
-        if identity.fenced.is_set() or self.node.stopping:
+        if identity.fenced.is_set() or self.context.stopping:
             return True
         try:
             won = self.store.claim(
                 identity.node_id, self.load, polled, utcnow(), with_jobs=with_jobs
             )
         except NodeRemovedError as exc:
-            self.node.fence(identity, str(exc))
+            self.context.fence(identity, str(exc))
             return True
         self._withdrawals = 0
         if won:

@@ -56,21 +56,40 @@ from dbcluster.schema import (
     schedule_fires,
 )
 
-# Statuses are plain strings in the database; these are the only spellings.
-NODE_ACTIVE = "ACTIVE"
-NODE_UNREACHABLE = "UNREACHABLE"
-#: Only ever inside a sweeper's removal transaction (never committed): marks the rows it deletes.
-NODE_REMOVING = "REMOVING"
+# Statuses are plain strings in the database, spelled in dbcluster.states only (named here too,
+# for the providers and their callers that import them from this module).
+from dbcluster.states import (  # noqa: F401 - re-exported
+    COORD_ABANDONED,
+    COORD_COMPLETED,
+    COORD_CREATED,
+    COORD_FAILED,
+    COORD_IN_FLIGHT,
+    COORD_MASTERED,
+    COORD_RECOVERING,
+    COORD_STARTED,
+    JOB_STARTED,
+    JOB_STARTING,
+    JOB_STOPPING,
+    LAUNCH_CLAIMED,
+    LAUNCH_FAILED,
+    LAUNCH_LAUNCHED,
+    LAUNCH_PENDING,
+    NODE_ACTIVE,
+    NODE_REMOVING,
+    NODE_UNREACHABLE,
+    PARTITION_CLAIMED,
+    PARTITION_COMPLETED,
+    PARTITION_FAILED,
+    PARTITION_IN_FLIGHT,
+    PARTITION_PENDING,
+    STEP_EXECUTING,
+    STEP_STARTED,
+)
 
 #: The prefix of the job execution's columns a claim reads back where it can (see
 #: ``QueryProvider._claimed_job``).
 CLAIMED_JOB_PREFIX = "j_"
 
-PARTITION_PENDING = "PENDING"
-PARTITION_CLAIMED = "CLAIMED"
-PARTITION_COMPLETED = "COMPLETED"
-PARTITION_FAILED = "FAILED"
-PARTITION_IN_FLIGHT = (PARTITION_PENDING, PARTITION_CLAIMED)
 #: The columns a placement gives each partition row it inserts (the others: see
 #: :meth:`QueryProvider.insert_partitions`).
 PLACED_COLUMNS = (
@@ -91,33 +110,6 @@ def array_parameters(
     """Rows as the parameters of an :meth:`QueryProvider.insert_from_arrays` statement: one list
     per column, named ``a_<column>`` (a column a row leaves out is None there)."""
     return {f"a_{name}": [row.get(name) for row in rows] for name in columns}
-
-
-# Job execution statuses the stop request reads and writes (BatchStatus values; the provider
-# does not import the batch model).
-JOB_STARTING = "STARTING"
-JOB_STARTED = "STARTED"
-JOB_STOPPING = "STOPPING"
-
-#: A step execution's status and exit code once started (the job repository's spellings).
-STEP_STARTED = "STARTED"
-STEP_EXECUTING = "EXECUTING"
-
-#: Launch request statuses (``batch_launch_requests``).
-LAUNCH_PENDING = "PENDING"
-LAUNCH_CLAIMED = "CLAIMED"
-LAUNCH_LAUNCHED = "LAUNCHED"
-LAUNCH_FAILED = "FAILED"
-
-COORD_CREATED = "CREATED"
-COORD_STARTED = "STARTED"
-COORD_COMPLETED = "COMPLETED"
-COORD_FAILED = "FAILED"
-COORD_RECOVERING = "RECOVERING"
-COORD_ABANDONED = "ABANDONED"
-COORD_IN_FLIGHT = (COORD_CREATED, COORD_STARTED, COORD_RECOVERING)
-#: In flight under a working master (RECOVERING rows belong to a survivor's recovery).
-COORD_MASTERED = (COORD_CREATED, COORD_STARTED)
 
 
 @dataclass(frozen=True)

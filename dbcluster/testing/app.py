@@ -265,23 +265,23 @@ def _observe(
 
 def install_observer() -> None:
     """Record every fenced transaction's owner row at commit time (``dbc_test_commits``)."""
-    from dbcluster.testing import points
+    from dbcluster import points
 
     points.remove("transaction.before_commit", _observe)
     points.install("transaction.before_commit", _observe)
 
 
 def remove_observer() -> None:
-    from dbcluster.testing import points
+    from dbcluster import points
 
     points.remove("transaction.before_commit", _observe)
 
 
 def ledger_tasklet(ctx: ChunkContext) -> RepeatStatus:
     """Tick until ``delay_ms`` has passed, then record the slice's sum in the ledger."""
+    from dbcluster import points
     from dbcluster.batch.domain import utcnow
     from dbcluster.cluster.executor import current_attempt, current_node_id
-    from dbcluster.testing import points
 
     points.reach("app.checkpoint", node_id=current_node_id.get())
 
@@ -505,8 +505,9 @@ wide_registry = build_registry(per_node=8)
 #: Two partitions per live node, for chaos runs: ``dbcluster.testing.app:chaos_registry``.
 chaos_registry = build_registry(per_node=2)
 
-# Set by the fault harness for its nodes (last: the fault control installs this module's observer).
+# Set by the fault harness for its nodes: its fault points, and commit-order observations.
 if os.environ.get("DBCLUSTER_FAULT_DIR"):
     from dbcluster.testing.faults import install_fault_control
 
     install_fault_control(os.environ["DBCLUSTER_FAULT_DIR"])
+    install_observer()

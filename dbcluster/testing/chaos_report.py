@@ -33,8 +33,8 @@ def held_transferable_statement(prefix: str) -> Any:
     """The in-flight transferable partitions held by the nodes whose ids start ``prefix-``."""
     from sqlalchemy import select
 
-    from dbcluster.dialects.base import PARTITION_IN_FLIGHT
     from dbcluster.schema import partitions
+    from dbcluster.states import PARTITION_IN_FLIGHT
 
     return select(partitions.c.step_execution_id, partitions.c.attempt).where(
         partitions.c.assigned_node.like(f"{prefix}-%"),

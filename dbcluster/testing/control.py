@@ -10,9 +10,9 @@ from typing import Any
 
 from sqlalchemy import Engine, event
 
+from dbcluster import points
 from dbcluster.cluster.events import _EVENT_NAMES, ClusterEvents
 from dbcluster.cluster.node import Node
-from dbcluster.testing import points
 
 #: Points where a frozen node's own threads park (outside any transaction).
 _PARK_AT = ("app.checkpoint", "master.monitor")

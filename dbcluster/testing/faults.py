@@ -132,15 +132,14 @@ def _describe(details: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def install_fault_control(directory: str) -> None:
-    """Let the harness park this process's threads at :data:`CONTROLLED_POINTS` (and record
-    commit-order observations: see :func:`dbcluster.testing.app.install_observer`)."""
+    """Let the harness park this process's threads at :data:`CONTROLLED_POINTS` (the test
+    application also records commit-order observations in such a process: see
+    :func:`dbcluster.testing.app.install_observer`)."""
     if ("control", directory) in _installed:
         return
-    from dbcluster.testing import points
-    from dbcluster.testing.app import install_observer
+    from dbcluster import points
 
     control = _FaultControl(directory)
     for point in CONTROLLED_POINTS:
         points.install(point, control.handler(point))
-    install_observer()
     _installed.add(("control", directory))

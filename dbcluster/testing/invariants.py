@@ -27,9 +27,9 @@ from sqlalchemy import Connection, Engine, Table, select
 from dbcluster.batch.parameters import JobParameters
 from dbcluster.batch.repository import JobRepository
 from dbcluster.batch.status import BatchStatus
-from dbcluster.dialects.base import COORD_ABANDONED, COORD_IN_FLIGHT, PARTITION_IN_FLIGHT
 from dbcluster.inlists import in_batches
 from dbcluster.schema import job_coordination, partitions
+from dbcluster.states import COORD_ABANDONED, COORD_IN_FLIGHT, PARTITION_IN_FLIGHT
 from dbcluster.testing.app import commits, expected_total, ledger, master_effects, runs
 from dbcluster.testing.rowmark import EVERY_ROW, RowMark
 

@@ -78,8 +78,16 @@ class TickReport:
     launched: int = 0
     completed: int = 0
     not_completed: list[str] = field(default_factory=list)
-    #: Per node prefix: ticks it fired.
+    #: Per node prefix: ticks it fired (how the firing happened to spread: not a property).
     fired_by: dict[str, int] = field(default_factory=dict)
+    #: Ticks of the window after the killed node died, and those of them that fired.
+    expected_after_kill: int = 0
+    fired_after_kill: int = 0
+    #: Ticks of the window while the paused node was stopped, and those of them that fired.
+    expected_while_paused: int = 0
+    fired_while_paused: int = 0
+    #: Per node taken out (killed or paused): the ticks it had fired before.
+    fired_before_out: dict[str, int] = field(default_factory=dict)
     #: How late the fires were (fired_at - tick), in ms.
     lag_ms_p50: float = 0.0
     lag_ms_max: float = 0.0
@@ -217,7 +225,11 @@ def run_ticks(
     every tick of the window fired once, and its one request ran once and completed.
 
     ``submit`` (a job and its parameters): also submit that job before the clock starts; the
-    node that accepted it (its master) is the one killed, and the report says how it ended."""
+    node that accepted it (its master) is the one killed, and the report says how it ended.
+
+    The node paused is the one that fired the latest tick, where it is neither the killed one
+    nor the submitted job's master (else another bystander): the report says whether the ticks
+    kept firing, once each, while each node was out."""
     from sqlalchemy import select
 
     from dbcluster.dialects import get_provider, make_engine
@@ -239,6 +251,19 @@ def run_ticks(
     def db_now() -> datetime:
         with engine.connect() as conn:
             return conn.execute(provider.select_now()).scalar_one().replace(tzinfo=None)
+
+    def latest_firer() -> str | None:
+        with engine.connect() as conn:
+            row = conn.execute(
+                select(schedule_fires.c.fired_by)
+                .where(schedule_fires.c.schedule_name == EVERY_SECOND)
+                .order_by(schedule_fires.c.fire_time.desc())
+                .limit(1)
+            ).first()
+        return None if row is None else str(row[0])
+
+    #: When each node taken out went out and came back (None: killed), on the database clock.
+    out: dict[str, tuple[datetime, datetime | None]] = {}
 
     try:
         with Harness(url, workdir, app="dbcluster.testing.scheduled:registry") as harness:
@@ -267,21 +292,34 @@ def run_ticks(
             )
             for at, what in plan:
                 time.sleep(max(0.0, began + at - time.monotonic()))
-                if what == "pause" and submitted is not None:
-                    # A bystander of the submitted job: not the node that took it over (paused
-                    # past the thresholds, its mastership would move a second time).
-                    master = _master_of(engine, submitted.job_execution_id) or ""
+                if what == "pause":
+                    # The node that fired the latest tick, unless it is the killed one or the
+                    # submitted job's master (paused past the thresholds, its mastership would
+                    # move a second time): then a bystander.
+                    master = (
+                        _master_of(engine, submitted.job_execution_id) or ""
+                        if submitted is not None
+                        else ""
+                    )
+                    firer = latest_firer() or ""
+                    candidates = [
+                        w
+                        for w in workers
+                        if w is not victim and not master.startswith(w.prefix + "-")
+                    ]
                     bystander = next(
-                        (
-                            w
-                            for w in workers
-                            if w is not victim and not master.startswith(w.prefix + "-")
-                        ),
-                        bystander,  # two nodes: the one left is its master; pause it all the same
+                        (w for w in candidates if firer.startswith(w.prefix + "-")),
+                        # two nodes: the one left is its master; pause it all the same
+                        candidates[0] if candidates else bystander,
                     )
                 target = victim if what == "kill" else bystander
                 getattr(harness, what)(target)
-                report.events.append(f"{what} {target.prefix} at {db_now().isoformat()}")
+                at_db = db_now()
+                if what == "resume":
+                    out[target.prefix] = (out[target.prefix][0], at_db)
+                else:
+                    out[target.prefix] = (at_db, None if what == "kill" else at_db)
+                report.events.append(f"{what} {target.prefix} at {at_db.isoformat()}")
             time.sleep(max(0.0, began + seconds - time.monotonic()))
             end = db_now()
             # The window judged: whole seconds after the start, up to a second before the end
@@ -354,6 +392,19 @@ def run_ticks(
     if lags:
         report.lag_ms_p50 = round(lags[len(lags) // 2], 1)
         report.lag_ms_max = round(lags[-1], 1)
+    for prefix, (went, back) in out.items():
+        report.fired_before_out[prefix] = sum(
+            1
+            for r in rows
+            if str(r.fired_by).startswith(prefix + "-") and r.fire_time.replace(tzinfo=None) < went
+        )
+        absent = {t for t in expected if t > went and (back is None or t < back)}
+        if back is None:
+            report.expected_after_kill = len(absent)
+            report.fired_after_kill = len(absent & fired)
+        else:
+            report.expected_while_paused = len(absent)
+            report.fired_while_paused = len(absent & fired)
     seen_requests: set[int] = set()
     for r in rows:
         prefix = str(r.fired_by).rsplit("-", 1)[0]

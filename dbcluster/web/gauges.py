@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import Engine
 
 from dbcluster.monitor import ClusterGauges, cluster_gauges
+from dbcluster.states import NODE_STATUSES, PARTITION_STATUSES
 
 #: Every gauge of the dashboard's ``/metrics``: name -> what it means. The README lists these.
 CLUSTER_METRICS: dict[str, str] = {
@@ -30,8 +31,6 @@ CLUSTER_METRICS: dict[str, str] = {
     "dbcluster_cluster_load": "Partitions running on all nodes (their published load).",
     "dbcluster_cluster_capacity": "Partitions all nodes can run at once.",
 }
-NODE_STATUSES = ("ACTIVE", "UNREACHABLE")
-PARTITION_STATUSES = ("PENDING", "CLAIMED", "COMPLETED", "FAILED")
 
 
 def _gauge(name: str, value: float | None, labels: tuple[str, ...] = ()) -> GaugeMetricFamily:

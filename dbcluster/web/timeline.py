@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from dbcluster.monitor import JobDetail, PartitionRow
+from dbcluster.states import MASTER_LAUNCHED, PARTITION_IN_FLIGHT
 from dbcluster.views import short_node
 from dbcluster.web.history import Segment
 
@@ -20,7 +21,7 @@ GUTTER = 150.0
 AXIS = 22.0
 ROW = 13.0
 LANE_GAP = 8.0
-IN_FLIGHT = ("PENDING", "CLAIMED")
+IN_FLIGHT = PARTITION_IN_FLIGHT
 
 
 @dataclass
@@ -201,8 +202,8 @@ def layout(
         Mark(
             x(m.since),
             f"epoch {m.epoch}: {short_node(m.node)} "
-            + ("launched" if m.reason == "launched" else f"{m.reason}"),
-            "launched" if m.reason == "launched" else "takeover",
+            + (MASTER_LAUNCHED if m.reason == MASTER_LAUNCHED else f"{m.reason}"),
+            "launched" if m.reason == MASTER_LAUNCHED else "takeover",
         )
         for m in detail.masters
         if m.since is not None and t0 <= m.since <= t1

@@ -307,7 +307,7 @@ def _claimed(backend: Backend) -> int:
 def _listened_ledger() -> Any:
     """The test application with ``ledger-listened``: the ledger job with a job listener, which
     keeps its placement out of the creating transaction on every database (see
-    ``Cluster._placed_at_launch``), so that a master can die between the two."""
+    ``dbcluster.cluster.creation.placed_at_launch``), so that a master can die between the two."""
     registry = build_registry()
     registry.register(
         Job(

@@ -108,7 +108,7 @@ def test_the_final_write_claims_the_next_partition_in_its_commit(backend: Backen
     assert fence.outcome == "COMPLETED"
     assert _state(backend.engine, first)[0] == "COMPLETED"
     assert _state(backend.engine, second) == ("CLAIMED", NODE, 1, "STARTED")
-    won = store.chained(fence.chained)
+    won = store.claimed_next(fence.next_claim)
     assert won is not None and won.partition.step_execution_id == second
     assert won.partition.worker_step_name == "suite.worker"
     assert won.row["status"] == "STARTED"
@@ -121,7 +121,7 @@ def test_it_claims_nothing_another_node_claimed_first(backend: Backend) -> None:
     assert store.claim("other-node", 1, [second], utcnow())
     fence = _final_write(backend.engine, store, first, attempt, second)
     assert fence.outcome == "COMPLETED"
-    assert store.chained(fence.chained) is None
+    assert store.claimed_next(fence.next_claim) is None
     assert _state(backend.engine, second)[:2] == ("CLAIMED", "other-node")
 
 
@@ -150,7 +150,7 @@ def test_it_waits_for_no_update_of_the_node_row(backend: Backend) -> None:
         holder.execute(nodes.update().where(nodes.c.node_id == NODE).values(current_load=3))
         fence = _final_write(backend.engine, store, first, attempt, second)
         holder.rollback()
-    assert store.chained(fence.chained) is not None
+    assert store.claimed_next(fence.next_claim) is not None
     assert _state(backend.engine, second)[:2] == ("CLAIMED", NODE)
 
 
@@ -173,7 +173,7 @@ def test_a_node_row_being_deleted_is_skipped_without_waiting(backend: Backend) -
         assert done.wait(10), "the final write waited for the removal's lock"
         remover.rollback()
     assert result["fence"].outcome == "COMPLETED"
-    assert store.chained(result["fence"].chained) is None
+    assert store.claimed_next(result["fence"].next_claim) is None
     assert _state(backend.engine, second) == ("PENDING", NODE, 1, "STARTING")
 
 
@@ -183,7 +183,7 @@ def test_a_node_that_is_gone_claims_nothing(backend: Backend) -> None:
     with backend.engine.begin() as conn:
         conn.execute(nodes.delete().where(nodes.c.node_id == NODE))
     fence = _final_write(backend.engine, store, first, attempt, second)
-    assert store.chained(fence.chained) is None
+    assert store.claimed_next(fence.next_claim) is None
     assert _state(backend.engine, second)[0] == "PENDING"
 
 
@@ -263,7 +263,7 @@ def _open_final_write(engine: Any, store: Any, sid: int, attempt: int, following
     conn = engine.connect()
     conn.begin()
     repository.update_step_execution(se, conn, guard=guard)
-    assert store.chained(fence.chained) is not None
+    assert store.claimed_next(fence.next_claim) is not None
     return conn
 
 

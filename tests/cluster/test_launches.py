@@ -178,7 +178,9 @@ def test_a_node_that_lost_its_claim_creates_no_execution(
             .values(claimed_by="other")
         )
     with pytest.raises(LaunchClaimLostError):
-        cluster._create_requested(cluster.registry.get_job("tick"), request, cluster.node.node_id)
+        cluster.background._create_requested(
+            cluster.registry.get_job("tick"), request, cluster.node.node_id
+        )
     with backend.engine.connect() as conn:
         assert conn.execute(select(job_execution)).all() == []
     assert _requests(backend)[request_id].claimed_by == "other"

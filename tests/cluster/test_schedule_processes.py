@@ -30,8 +30,15 @@ def test_ticks_fire_once_and_a_submitted_job_survives_its_accepting_node(
         submit=("ledger", ["run=submit-kill", "delay_ms(int)=2500", "tick_ms(int)=100"]),
     )
     assert report.expected >= 4
+    # Every tick of the window fired exactly once and its one request ran once and completed.
     assert report.ok, report
-    assert len(report.fired_by) >= 2, "one node fired every tick: nothing was shared"
+    # No single point of failure: ticks kept firing, once each, after the killed node died and
+    # while the paused one (the latest to fire a tick, where it could be) was stopped. How the
+    # firing spread over the nodes is not judged: one node may fire every tick.
+    assert report.expected_after_kill >= 1, report
+    assert report.fired_after_kill == report.expected_after_kill, report
+    assert report.expected_while_paused >= 1, report
+    assert report.fired_while_paused == report.expected_while_paused, report
     assert report.submitted == {
         "status": "COMPLETED",
         "executions": 1,

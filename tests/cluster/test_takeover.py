@@ -204,7 +204,7 @@ def test_an_execution_that_failed_for_its_own_reason_is_not_restarted(
     # Past its backoff, a restarter's scan leaves it alone.
     wait_for(lambda: (utcnow() - first.end_time).total_seconds() > 1.0, what="the backoff to pass")
     cluster.node.services.get("restarter").run_once()
-    assert not cluster._relaunching
+    assert not cluster.background._relaunching
     assert _latest(cluster, first).id == first.id
 
 
@@ -228,8 +228,9 @@ def test_a_node_still_taking_a_job_over_leaves_its_next_recovery_to_another_node
     wait_for(lambda: len(_rows(backend, runs)) >= 4, what="the partitions to start")
     with backend.engine.connect() as conn:
         job_id = conn.execute(select(job_coordination.c.job_execution_id)).scalar_one()
-    with lingering._lock:  # as if an earlier identity's takeover of the job were still running
-        lingering._taking_over.add(job_id)
+    # As if an earlier identity's takeover of the job were still running:
+    with lingering.background._lock:
+        lingering.background._taking_over.add(job_id)
     with freeze(master.node):
         wait_for(
             lambda: len(_masters(backend, job_id)) >= 2,
@@ -243,7 +244,7 @@ def test_a_node_still_taking_a_job_over_leaves_its_next_recovery_to_another_node
             what="the job to end under its new master",
         )
     assert other.repository.get_job_execution(job_id).status is BatchStatus.COMPLETED
-    with lingering._lock:
-        lingering._taking_over.discard(job_id)
+    with lingering.background._lock:
+        lingering.background._taking_over.discard(job_id)
     run["thread"].join(30)
     assert not run["thread"].is_alive()

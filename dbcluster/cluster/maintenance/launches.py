@@ -50,19 +50,19 @@ class LaunchAcceptor(Service):
         launches: LaunchStore,
         settings: ClusterSettings,
         events: ClusterEvents,
-        acting: Callable[[], Identity | None],
+        usable_identity: Callable[[], Identity | None],
         launcher: Launcher,
         max_running: int,
     ) -> None:
         super().__init__(settings.task_polling_interval)
         self.launches = launches
         self.events = events
-        self.acting = acting
+        self.usable_identity = usable_identity
         self.launcher = launcher
         self.max_running = max_running
 
     def run_once(self) -> None:
-        identity = self.acting()
+        identity = self.usable_identity()
         if identity is None:
             return
         released = self.launches.release_lost()

@@ -366,7 +366,7 @@ class Pruner(Service):
         store: CoordinationStore,
         settings: ClusterSettings,
         events: ClusterEvents,
-        acting: Callable[[], Identity | None],
+        usable_identity: Callable[[], Identity | None],
     ) -> None:
         super().__init__(settings.prune_interval)
         if settings.prune_after is None:
@@ -374,7 +374,7 @@ class Pruner(Service):
         self.store = store
         self.settings = settings
         self.events = events
-        self.acting = acting
+        self.usable_identity = usable_identity
         self.policy = PrunePolicy(
             older_than_ms=settings.prune_after,
             batch_size=min(500, store.provider.partition_write_batch),
@@ -384,14 +384,14 @@ class Pruner(Service):
         self.lease = Lease(store, LEASE, settings.unreachable_threshold)
 
     def run_once(self) -> None:
-        identity = self.acting()
+        identity = self.usable_identity()
         if identity is None or not self.lease.take(identity.node_id):
             return
         renewed = time.monotonic()
 
         def keep_going() -> bool:
             nonlocal renewed
-            if self.stopped or self.acting() is not identity:
+            if self.stopped or self.usable_identity() is not identity:
                 return False
             # Renewed well inside its term: another node can take it only from a silent holder.
             if time.monotonic() - renewed > self.lease.term_ms / 3000:

@@ -44,16 +44,16 @@ class AutoRestarts(Service):
         self,
         repository: JobRepository,
         settings: ClusterSettings,
-        acting: Callable[[], Identity | None],
+        usable_identity: Callable[[], Identity | None],
         relauncher: Relauncher,
     ) -> None:
         super().__init__(settings.stranded_master_scan_interval)
         self.repository = repository
-        self.acting = acting
+        self.usable_identity = usable_identity
         self.relauncher = relauncher
 
     def run_once(self) -> None:
-        if self.acting() is None:
+        if self.usable_identity() is None:
             return
         for job_name, policy in self.relauncher.auto_restart_policies().items():
             for execution in self.repository.find_failed_for(job_name, CLUSTER_EXIT_CODES):

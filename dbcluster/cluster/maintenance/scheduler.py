@@ -44,7 +44,7 @@ class Scheduler(Service):
         schedules: Sequence[Schedule],
         settings: ClusterSettings,
         events: ClusterEvents,
-        acting: Callable[[], Identity | None],
+        usable_identity: Callable[[], Identity | None],
         on_fired: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(MAX_SLEEP_MS)
@@ -52,7 +52,7 @@ class Scheduler(Service):
         self.schedules = list(schedules)
         self.settings = settings
         self.events = events
-        self.acting = acting
+        self.usable_identity = usable_identity
         self.on_fired = on_fired
         #: When this node first saw each schedule with no tick fired (the database clock): a
         #: new schedule's history starts there.
@@ -62,7 +62,7 @@ class Scheduler(Service):
         if not self.schedules:
             self.interval_ms = 60_000
             return
-        identity = self.acting()
+        identity = self.usable_identity()
         if identity is None:
             self.interval_ms = MAX_SLEEP_MS
             return

@@ -29,7 +29,7 @@ from dbcluster.cluster.identity import Identity
 from dbcluster.cluster.service import Service
 from dbcluster.cluster.settings import ClusterSettings
 from dbcluster.cluster.store import CoordinationStore, StrandedJob
-from dbcluster.dialects.base import COORD_ABANDONED
+from dbcluster.states import COORD_ABANDONED, MASTER_ABANDON, MASTER_TAKEOVER
 
 log = logging.getLogger("dbcluster.recovery")
 
@@ -61,7 +61,7 @@ class StrandedMasters(Service):
         repository: JobRepository,
         settings: ClusterSettings,
         events: ClusterEvents,
-        acting: Callable[[], Identity | None],
+        usable_identity: Callable[[], Identity | None],
         takeover: Takeover | None = None,
     ) -> None:
         super().__init__(settings.stranded_master_scan_interval)
@@ -69,7 +69,7 @@ class StrandedMasters(Service):
         self.repository = repository
         self.settings = settings
         self.events = events
-        self.acting = acting
+        self.usable_identity = usable_identity
         self.takeover = takeover
         #: When this node first saw each stranded job it could not take over (monotonic).
         self._seen: dict[int, float] = {}
@@ -87,7 +87,7 @@ class StrandedMasters(Service):
     def recover(self) -> list[int]:
         """Recover every stranded job this node can; the job execution ids it recovered."""
         recovered: list[int] = []
-        identity = self.acting()
+        identity = self.usable_identity()
         if identity is None:
             return recovered
         me = identity.node_id
@@ -115,7 +115,7 @@ class StrandedMasters(Service):
             taking = self._takes_over(job.job_execution_id)
             if not taking and not self._may_abandon(job.job_execution_id):
                 continue
-            reason = "takeover" if taking else "abandon"
+            reason = MASTER_TAKEOVER if taking else MASTER_ABANDON
             won = self.store.claim_stranded(job, me, reason)
             if won is None:
                 continue

@@ -23,17 +23,17 @@ class Sweeper(Service):
         store: CoordinationStore,
         settings: ClusterSettings,
         events: ClusterEvents,
-        acting: Callable[[], Identity | None],
+        usable_identity: Callable[[], Identity | None],
     ) -> None:
         super().__init__(settings.sweep_interval)
         self.store = store
         self.settings = settings
         self.events = events
-        self.acting = acting
+        self.usable_identity = usable_identity
 
     def run_once(self) -> None:
         # A node that may itself be about to be removed judges no one.
-        identity = self.acting()
+        identity = self.usable_identity()
         if identity is None:
             return
         marked, removed = self.store.sweep(

@@ -15,8 +15,9 @@ from sqlalchemy.exc import DBAPIError
 from dbcluster import schema
 from dbcluster.batch.parameters import JobParameters
 from dbcluster.batch.repository import JobRepository
-from dbcluster.dialects.base import NODE_ACTIVE, NODE_UNREACHABLE, QueryProvider
+from dbcluster.dialects.base import QueryProvider
 from dbcluster.schema import job_coordination, nodes, partitions
+from dbcluster.states import NODE_ACTIVE, NODE_UNREACHABLE
 
 __all__ = [
     "test_clock_is_utc_with_millisecond_precision",

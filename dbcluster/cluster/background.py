@@ -1,15 +1,15 @@
-"""What a node runs that no caller of ``launch`` waits for: launch requests it accepted
-(``dbcluster submit``), automatic restarts of failed executions, and jobs it took over from a lost
-master. Each runs on a thread of its own with this node as the job's master, through the same
-:meth:`Cluster.create_execution` and :meth:`Cluster.run_execution` as a launch; the node's
-services (:mod:`dbcluster.cluster.maintenance`) call these hooks."""
+"""What a node runs in the background, that no caller of ``launch`` waits for: launch requests it
+accepted (``dbcluster submit``), automatic restarts of failed executions, and jobs it took over
+from a lost master. Each runs on a thread of its own with this node as the job's master, through
+the same ``create_execution`` and ``run_execution`` as a launch (:class:`Executions`: the
+cluster); the node's services (:mod:`dbcluster.cluster.maintenance`) call these hooks."""
 
 from __future__ import annotations
 
 import logging
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlalchemy import Connection
 
@@ -25,15 +25,15 @@ from dbcluster.batch.job import AUTO_RESTARTS_KEY, AutoRestart, Job
 from dbcluster.cluster.identity import Identity
 from dbcluster.cluster.launches import LaunchClaimLostError, LaunchRequest
 from dbcluster.cluster.mastership import Mastership
-from dbcluster.cluster.patience import patiently
+from dbcluster.cluster.patience import Patience
 from dbcluster.cluster.store import StrandedJob
 
 if TYPE_CHECKING:
     from dbcluster.batch.launcher import JobLauncher
     from dbcluster.batch.registry import JobRegistry
     from dbcluster.batch.repository import JobRepository
+    from dbcluster.cluster.context import NodeContext
     from dbcluster.cluster.launches import LaunchStore
-    from dbcluster.cluster.node import Node
 
 log = logging.getLogger("dbcluster.cluster")
 
@@ -41,26 +41,44 @@ log = logging.getLogger("dbcluster.cluster")
 NEXT_RUN_ATTEMPTS = 5
 
 
-class UnattendedRuns:
-    """The hooks of :class:`~dbcluster.cluster.app.Cluster` that its node's services call."""
+class Executions(Protocol):
+    """How a job execution is made and run with this node as its master (the cluster)."""
 
-    node: Node
-    registry: JobRegistry
-    repository: JobRepository
-    launcher: JobLauncher
-    launches: LaunchStore
-    _lock: threading.Lock
-    _launching: set[int]
-    _relaunching: set[int]
-    _taking_over: set[int]
+    def create_execution(self, job: Job, params: Any, **kwargs: Any) -> JobExecution: ...
 
-    if TYPE_CHECKING:  # the Cluster's own
+    def run_execution(
+        self, job: Job, execution: JobExecution, *, resume: bool = False
+    ) -> JobExecution: ...
 
-        def create_execution(self, job: Job, params: Any, **kwargs: Any) -> JobExecution: ...
 
-        def run_execution(
-            self, job: Job, execution: JobExecution, *, resume: bool = False
-        ) -> JobExecution: ...
+class BackgroundRuns:
+    """The node's hooks for runs in the background (a
+    :class:`~dbcluster.cluster.maintenance.launches.Launcher`, a
+    :class:`~dbcluster.cluster.maintenance.restarter.Relauncher` and a
+    :class:`~dbcluster.cluster.maintenance.stranded.Takeover`): each run is made and run by
+    ``executions``, on a thread of its own."""
+
+    def __init__(
+        self,
+        context: NodeContext,
+        registry: JobRegistry,
+        repository: JobRepository,
+        launcher: JobLauncher,
+        launches: LaunchStore,
+        executions: Executions,
+    ) -> None:
+        self.context = context
+        self.membership = context.membership
+        self.events = context.events
+        self.registry = registry
+        self.repository = repository
+        self.launcher = launcher
+        self.launches = launches
+        self.executions = executions
+        self._lock = threading.Lock()
+        self._launching: set[int] = set()
+        self._relaunching: set[int] = set()
+        self._taking_over: set[int] = set()
 
     def _once_on_thread(
         self, running: set[int], key: int, name: str, target: Callable[..., None], *args: Any
@@ -108,19 +126,19 @@ class UnattendedRuns:
         node_id = identity.node_id
         execution: JobExecution | None = None
         try:
-            with self.node.mastering():
-                if identity is not self.node.identity or identity.is_fenced:
+            with self.context.masters.mastering():
+                if identity is not self.membership.current or identity.is_fenced:
                     return  # the claim goes back to PENDING once the old id is removed
                 job = self.registry.get_job(request.job_name)
                 execution = self._create_requested(job, request, node_id)
-                self.node.events.launch_started(node_id, request.request_id, execution.id)
+                self.events.launch_started(node_id, request.request_id, execution.id)
                 log.info(
                     "launch request %d: node %s is master of execution %s",
                     request.request_id,
                     node_id,
                     execution.id,
                 )
-                ended = self.run_execution(job, execution)
+                ended = self.executions.run_execution(job, execution)
                 log.info(
                     "launch request %d: execution %s ended %s",
                     request.request_id,
@@ -137,7 +155,7 @@ class UnattendedRuns:
             log.warning("launch request %d failed: %s", request.request_id, message)
             try:
                 if self.launches.mark_failed(request.request_id, node_id, message):
-                    self.node.events.launch_failed(node_id, request.request_id, message)
+                    self.events.launch_failed(node_id, request.request_id, message)
             except Exception:  # noqa: BLE001 - it stays CLAIMED; a removal puts it back
                 log.exception(
                     "could not record the failure of launch request %d", request.request_id
@@ -153,7 +171,7 @@ class UnattendedRuns:
             if request.next_run:
                 params = self.launcher.next_parameters(job, params)
             try:
-                return self.create_execution(job, params, on_created=mark)
+                return self.executions.create_execution(job, params, on_created=mark)
             except (JobExecutionAlreadyRunningError, JobInstanceAlreadyCompleteError):
                 # Another node's next run took these parameters first: make them again.
                 if attempt + 1 >= attempts:
@@ -182,15 +200,15 @@ class UnattendedRuns:
     def _relaunch(self, old: JobExecution, restarts: int) -> None:
         try:
             job = self.registry.get_job(old.job_name)
-            with self.node.mastering():
-                new = self.create_execution(
+            with self.context.masters.mastering():
+                new = self.executions.create_execution(
                     job,
                     old.parameters,
                     context=ExecutionContext({AUTO_RESTARTS_KEY: restarts}),
                     after=old.id,
                 )
-                self.node.events.restarted(self.node.node_id, old.id, new.id)
-                ended = self.run_execution(job, new)
+                self.events.restarted(self.membership.identity.node_id, old.id, new.id)
+                ended = self.executions.run_execution(job, new)
             log.info(
                 "automatic restart %d of execution %s: execution %s ended %s",
                 restarts,
@@ -229,12 +247,12 @@ class UnattendedRuns:
         )
 
     def _run_taken_over(self, job: StrandedJob, identity: Identity, lost_master: str) -> None:
-        store = self.node.store
+        store = self.context.store
         mastership = Mastership(store, job.job_execution_id, identity, job.master_epoch)
         try:
-            with self.node.mastering():
-                started = patiently(
-                    self.node, mastership, lambda: store.start_mastership(job), "take over its job"
+            with self.context.masters.mastering():
+                started = Patience.of(self.context).run(
+                    mastership, lambda: store.start_mastership(job), "take over its job"
                 )
                 if not started:
                     log.warning("node %s lost the takeover of execution %s", identity.node_id, job)
@@ -242,10 +260,10 @@ class UnattendedRuns:
                 execution = self.repository.get_job_execution(job.job_execution_id)
                 assert execution is not None
                 execution.fence = mastership
-                self.node.events.took_over(
+                self.events.took_over(
                     identity.node_id, job.job_execution_id, lost_master, job.master_epoch
                 )
-                ended = self.run_execution(
+                ended = self.executions.run_execution(
                     self.registry.get_job(execution.job_name), execution, resume=True
                 )
                 log.info(

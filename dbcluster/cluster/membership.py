@@ -1,0 +1,184 @@
+"""A node's membership of the cluster: the identity it acts under, fencing, and its heartbeat.
+
+A node has an *identity* (a node id) per membership. When its row is removed, or it cannot
+heartbeat for so long that the cluster may remove it at any moment, that identity is fenced: it
+claims nothing more, starts nothing it claimed, and every transaction of its running partitions
+and masters is refused (their fences check the identity before the database does). The node then
+rejoins under a fresh id; nothing is ever written again under the old one.
+
+:class:`Membership` holds the identities one after another and the node's stop signal (a
+graceful stop began); :class:`Heartbeat` is the service that keeps the current one alive (started
+first, stopped last) and rejoins after a fence.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from dbcluster.cluster.events import ClusterEvents
+from dbcluster.cluster.identity import Identity
+from dbcluster.cluster.service import Service
+from dbcluster.cluster.settings import ClusterSettings
+from dbcluster.cluster.store import CoordinationStore
+
+log = logging.getLogger("dbcluster.node")
+
+
+class Membership:
+    """The identities of one node, one after another, and its stop signal.
+
+    ``on_fenced(identity)`` is told of each fence first (the node's worker stops what runs
+    under that identity), before the log line and the ``fenced`` event.
+    """
+
+    def __init__(
+        self,
+        settings: ClusterSettings,
+        events: ClusterEvents,
+        on_fenced: Callable[[Identity], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.events = events
+        self.on_fenced = on_fenced
+        self._lock = threading.RLock()
+        self._current: Identity | None = None
+        self._stopping = threading.Event()
+        #: Every id this node has joined under, oldest first.
+        self.ids: list[str] = []
+
+    # --- the identity -----------------------------------------------------------------------------
+
+    @property
+    def current(self) -> Identity | None:
+        """The identity of the latest join (fenced or not), or None before the first."""
+        return self._current
+
+    @property
+    def identity(self) -> Identity:
+        identity = self._current
+        if identity is None:
+            raise RuntimeError("the node has not joined the cluster; call start()")
+        return identity
+
+    @property
+    def is_fenced(self) -> bool:
+        identity = self._current
+        return identity is None or identity.is_fenced
+
+    def usable_identity(self) -> Identity | None:
+        """The identity this node may act under now, or None (not joined, fenced, leaving, or
+        silent so long that the cluster may remove it at any moment)."""
+        identity = self._current
+        if identity is None or self.stopping or self.watchdog(identity):
+            return None
+        return identity
+
+    def joined(self, node_id: str, capacity: int) -> Identity:
+        """The node registered under ``node_id`` (with ``capacity``): its identity from now."""
+        identity = Identity(node_id)
+        with self._lock:
+            self._current = identity
+            self.ids.append(node_id)
+        log.info("node %s joined the cluster (capacity %d)", node_id, capacity)
+        self.events.joined(node_id)
+        return identity
+
+    def fence(self, identity: Identity, reason: str) -> None:
+        """Stop acting under ``identity``: its claims, partitions and masters refuse to write."""
+        with self._lock:
+            if identity.fenced.is_set():
+                return
+            identity.fence_reason = reason
+            identity.fenced.set()
+        if self.on_fenced is not None:
+            self.on_fenced(identity)
+        log.warning("node %s fenced itself (%s)", identity.node_id, reason)
+        self.events.fenced(identity.node_id, reason)
+
+    def retire(self, identity: Identity) -> bool:
+        """The node leaves the cluster under ``identity``: nothing writes under it any more (a
+        master still monitoring stops). False when it was fenced already."""
+        with self._lock:
+            if identity.fenced.is_set():
+                return False
+            identity.fence_reason = "left the cluster"
+            identity.fenced.set()
+            return True
+
+    def watchdog(self, identity: Identity) -> bool:
+        """Fence when the last good heartbeat is so old that the cluster may remove this node at
+        any moment, even if the heartbeat thread itself is stuck in a call that has not returned
+        (a cut network) or the process was stopped. Shorter silences stay in the grace window:
+        an UNREACHABLE node that beats again is ACTIVE again. True when fenced."""
+        s = self.settings
+        limit = max(s.unreachable_threshold, s.cleanup_threshold - s.heartbeat_interval)
+        silent_ms = (time.monotonic() - identity.last_heartbeat_ok) * 1000
+        if silent_ms >= limit and not identity.fenced.is_set():
+            self.fence(identity, f"no heartbeat for {silent_ms:.0f} ms")
+        return identity.fenced.is_set()
+
+    # --- the stop signal --------------------------------------------------------------------------
+
+    @property
+    def stopping(self) -> bool:
+        """Whether a graceful stop began (the node claims and starts nothing new)."""
+        return self._stopping.is_set()
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+
+class Heartbeat(Service):
+    """Every ``heartbeat_interval``: one statement that says the current identity is alive and
+    how loaded the node is; a fenced (or not yet joined) node rejoins instead."""
+
+    name = "heartbeat"
+
+    def __init__(
+        self,
+        membership: Membership,
+        store: CoordinationStore,
+        load: Callable[[], int],
+        rejoin: Callable[[], object],
+    ) -> None:
+        super().__init__(membership.settings.heartbeat_interval)
+        self.membership = membership
+        self.store = store
+        self.load = load
+        self.rejoin = rejoin
+
+    def run_once(self) -> None:
+        self.beat()
+
+    def beat(self) -> None:
+        membership = self.membership
+        identity = membership.current
+        if identity is None or identity.fenced.is_set():
+            if not membership.stopping:
+                self._rejoin()
+            return
+        began = time.monotonic()
+        try:
+            alive = self.store.heartbeat(identity.node_id, self.load())
+        except Exception as exc:  # noqa: BLE001 - judged by how long it has lasted
+            silent_ms = (time.monotonic() - identity.last_heartbeat_ok) * 1000
+            log.warning("node %s cannot heartbeat (%d ms): %s", identity.node_id, silent_ms, exc)
+            if silent_ms >= membership.settings.unreachable_threshold:
+                membership.fence(identity, f"no heartbeat for {silent_ms:.0f} ms")
+            return
+        # A heartbeat that only lands after the unreachable threshold may have revived a row
+        # that others already judged; we still hold it, so it counts as alive.
+        if alive:
+            identity.last_heartbeat_ok = time.monotonic()
+            membership.events.heartbeat(identity.node_id, identity.last_heartbeat_ok - began)
+        else:
+            membership.fence(identity, "its registry row was removed")
+
+    def _rejoin(self) -> None:
+        try:
+            self.rejoin()
+        except Exception as exc:  # noqa: BLE001 - try again on the next beat
+            log.warning("node could not rejoin the cluster: %s", exc)

@@ -1,0 +1,335 @@
+"""A worker's side of a partition: polls, the claim, the fence of its transactions, its end, and
+handing it back."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import bindparam
+from sqlalchemy.engine import Connection
+
+from dbcluster.cluster.store.connector import Connector
+from dbcluster.cluster.store.records import ClaimedPartition, NodeRemovedError, PendingPartition
+from dbcluster.cluster.store.verify import partition_is
+from dbcluster.prebuilt import Prebuilt
+from dbcluster.states import (
+    PARTITION_COMPLETED,
+    PARTITION_FAILED,
+    PARTITION_PENDING,
+    PARTITION_RELEASED,
+    PARTITION_RETRIED,
+)
+
+
+def _claim_binds() -> tuple[Any, ...]:
+    """The bind parameters of the one-statement claim (built once per statement, not per
+    claim)."""
+    return (
+        bindparam("b_node"),
+        bindparam("b_ids", expanding=True),
+        bindparam("b_started_at"),
+        bindparam("b_load"),
+    )
+
+
+def claimed_partitions(rows: Iterable[Any]) -> list[ClaimedPartition]:
+    """The partitions a claim won, from the rows it read back (``p_*`` columns, and the step
+    execution's as the claim left it)."""
+    claimed = []
+    for row in rows:
+        partition = PendingPartition(
+            int(row["p_id"]),
+            int(row["job_execution_id"]),
+            int(row["p_master_id"]),
+            row["p_name"],
+            int(row["p_attempt"]),
+            bool(row["p_transferable"]),
+            row["p_worker_step_name"],
+            int(row["p_max_attempts"]),
+        )
+        claimed.append(ClaimedPartition(partition, row))
+    return claimed
+
+
+class Claims(Connector):
+    """``batch_partitions`` as workers see them."""
+
+    def touch_own_row(self, conn: Connection, node_id: str, load: int) -> None:
+        """Lock the node's own registry row (publishing its load): a node removed since it
+        polled gets :class:`NodeRemovedError` (a removal waits for what locked it to commit)."""
+        touched = self.run(
+            conn,
+            "touch",
+            lambda: self.provider.touch_node(bindparam("b_node"), bindparam("b_load")),
+            {"b_node": node_id, "b_load": load},
+        )
+        if touched != 1:
+            raise NodeRemovedError(f"node {node_id} is no longer registered")
+
+    def poll(
+        self,
+        node_id: str,
+        limit: int,
+        *,
+        steal_after_ms: int | None = None,
+        unreachable_ms: int | None = None,
+    ) -> list[int]:
+        """Ids of up to ``limit`` PENDING partitions this node may claim, oldest first: its own
+        and, with ``unreachable_ms``, those it may steal (see
+        :meth:`QueryProvider.select_claimable`). One read."""
+        found = self.poll_jobs(
+            node_id, limit, steal_after_ms=steal_after_ms, unreachable_ms=unreachable_ms
+        )
+        return [step_execution_id for step_execution_id, _ in found]
+
+    def poll_jobs(
+        self,
+        node_id: str,
+        limit: int,
+        *,
+        steal_after_ms: int | None = None,
+        unreachable_ms: int | None = None,
+    ) -> list[tuple[int, int]]:
+        """:meth:`poll`, each id with its partition's job execution id. One read."""
+        stmt = self.prepared(
+            ("poll", limit, steal_after_ms, unreachable_ms),
+            lambda: self.provider.select_claimable(
+                bindparam("b_node"), limit, steal_after_ms, unreachable_ms
+            ),
+        )
+        rows = self.rows(stmt, "poll", {"b_node": node_id})
+        return [(int(r[0]), int(r[1])) for r in rows]
+
+    def claim(
+        self,
+        node_id: str,
+        load: int,
+        step_execution_ids: Sequence[int],
+        started_at: datetime,
+        *,
+        with_jobs: bool = False,
+    ) -> list[ClaimedPartition]:
+        """Claim polled partitions in one transaction: lock the node's own registry row first
+        (a node removed since it polled claims nothing and gets :class:`NodeRemovedError`; a
+        removal waits for the claim to commit), lock those still PENDING (skipping rows another
+        claimer holds, where the database can), move them to CLAIMED by this node, record
+        their step executions STARTED at ``started_at``, and read back what was won with what
+        the executor needs (all five in one statement, committing on its own, where the
+        provider has :meth:`~dbcluster.dialects.base.QueryProvider.claim_and_start`). A claim
+        whose commit's outcome is unclear is judged from the rows. ``with_jobs``: the one
+        statement also reads back each partition's job execution where it can (for partitions
+        of jobs the node may not know yet: what a wake-up offered)."""
+        claim = PartitionClaim(self, node_id, load, step_execution_ids, started_at, with_jobs)
+        if claim.one_statement is not None and self.autocommit is not None:
+            return self.transaction(claim.at_once, "claim", claim.verify, engine=self.autocommit)
+        return self.transaction(claim.in_steps, "claim", claim.verify)
+
+    def _select_claimed(self) -> Any:
+        return self.prepared(
+            "select claimed",
+            lambda: self.provider.select_claimed(
+                bindparam("b_node"), bindparam("b_ids", expanding=True)
+            ),
+        )
+
+    def claimed_by(self, node_id: str, step_execution_ids: Sequence[int]) -> list[ClaimedPartition]:
+        """Those of these partitions this node holds CLAIMED, with what the executor needs (as
+        a claim reads them back). One read."""
+        rows = self.rows(
+            self._select_claimed(),
+            "read claimed",
+            {"b_node": node_id, "b_ids": list(step_execution_ids)},
+        )
+        return claimed_partitions(row._mapping for row in rows)
+
+    def _claim_statement(self, with_jobs: bool, count: int) -> tuple[Any, Prebuilt | None]:
+        """The one-statement claim (None where the database has none), reading back the jobs
+        where asked and it can; and its prebuilt form for ``count`` ids where it has one."""
+        provider = self.provider
+        # The whole claim in one statement that commits on its own, where the database can;
+        # else a transaction of five.
+        claim_and_start = None
+        if with_jobs:
+            claim_and_start = self.prepared(
+                "claim and start, reading jobs",
+                lambda: provider.claim_and_start_reading_jobs(*_claim_binds()),
+            )
+            with_jobs = claim_and_start is not None
+        if claim_and_start is None:
+            claim_and_start = self.prepared(
+                "claim and start", lambda: provider.claim_and_start(*_claim_binds())
+            )
+        if claim_and_start is None or not count:
+            return claim_and_start, None
+        # Compiled once for this many ids where it can be (see dbcluster.prebuilt): the text
+        # SQLAlchemy would send, without its per-execution compilation of the IN list.
+        prebuilt: Prebuilt | None = self.prepared(
+            ("claim and start, prebuilt", with_jobs, count),
+            lambda: Prebuilt.build(claim_and_start, self.engine.dialect, {"b_ids": count}),
+        )
+        return claim_and_start, prebuilt
+
+    @staticmethod
+    def claimed_next(row: Any) -> ClaimedPartition | None:
+        """The partition a final write claimed next (the row its claim read back:
+        ``PartitionFence.next_claim``), or None when it won none."""
+        if row is None or row["p_id"] is None:
+            return None
+        return claimed_partitions([row])[0]
+
+    def hold_partition(
+        self, conn: Connection, step_execution_id: int, node_id: str, attempt: int
+    ) -> int:
+        """The fence of one transaction of a running partition (see
+        :meth:`QueryProvider.hold_partition`); its row count."""
+        return self.run(
+            conn,
+            "hold",
+            lambda: self.provider.hold_partition(
+                bindparam("b_id"), bindparam("b_node"), bindparam("b_attempt")
+            ),
+            {"b_id": step_execution_id, "b_node": node_id, "b_attempt": attempt},
+        )
+
+    def end_partition(
+        self, conn: Connection, outcome: str, step_execution_id: int, node_id: str, attempt: int
+    ) -> int:
+        """A running partition's last transaction records its outcome: COMPLETED or FAILED
+        (:meth:`QueryProvider.finish_partition`), RELEASED (handed back) or RETRIED (back to
+        PENDING for another try); its row count."""
+        return self.run(
+            conn,
+            ("end", outcome),
+            lambda: self._end_partition(outcome),
+            {"b_id": step_execution_id, "b_node": node_id, "b_attempt": attempt},
+        )
+
+    def _end_partition(self, outcome: str) -> Any:
+        provider = self.provider
+        builders: dict[str, Callable[[Any, Any, Any], Any]] = {
+            PARTITION_RELEASED: provider.release_partition,
+            PARTITION_RETRIED: provider.retry_partition,
+            PARTITION_COMPLETED: lambda i, n, a: provider.finish_partition(
+                i, n, a, PARTITION_COMPLETED
+            ),
+            PARTITION_FAILED: lambda i, n, a: provider.finish_partition(i, n, a, PARTITION_FAILED),
+        }
+        return builders[outcome](bindparam("b_id"), bindparam("b_node"), bindparam("b_attempt"))
+
+    def end_partition_statement(self, outcome: str) -> Any | None:
+        """:meth:`end_partition`'s guarded UPDATE (parameters ``b_id``, ``b_node``,
+        ``b_attempt``), built once, for a write that runs it in its own statement; None where
+        the database bounds its lock wait with statements of its own first."""
+
+        def build() -> Any:
+            statement = self._end_partition(outcome)
+            return statement if len(self.provider.bounded(statement)) == 1 else None
+
+        return self.prepared(("end statement", outcome), build)
+
+    def release(self, step_execution_id: int, node_id: str, attempt: int) -> bool:
+        return self.guarded(
+            self.provider.release_partition(step_execution_id, node_id, attempt),
+            "release",
+            partition_is(step_execution_id, PARTITION_PENDING, None, attempt + 1),
+        )
+
+    def release_pending(self, node_id: str) -> int:
+        def work(conn: Connection) -> int:
+            return self.execute(conn, self.provider.release_pending_for_node(node_id))
+
+        return self.transaction(work, "release pending")
+
+
+class PartitionClaim:
+    """One claim of :meth:`Claims.claim`: polled partitions for one node, tried in one statement
+    that commits on its own (:meth:`at_once`) or in one transaction of five (:meth:`in_steps`),
+    each try judged by :meth:`verify` after an unclear commit."""
+
+    def __init__(
+        self,
+        store: Claims,
+        node_id: str,
+        load: int,
+        step_execution_ids: Sequence[int],
+        started_at: datetime,
+        with_jobs: bool,
+    ) -> None:
+        self.store = store
+        self.node_id = node_id
+        self.load = load
+        self.ids = list(step_execution_ids)
+        self.started_at = started_at
+        self.select_claimed = store._select_claimed()
+        self.one_statement, self.prebuilt = store._claim_statement(with_jobs, len(self.ids))
+        self.tries = 0
+
+    def verify(self, conn: Connection) -> list[ClaimedPartition] | None:
+        """What an unclear claim won, read while the node's own row is locked: a node removed
+        meanwhile (its claims fenced under a new attempt in the transaction that deleted its
+        row) learns it here instead of taking its partitions back under the new attempt."""
+        with conn.begin():
+            self.store.touch_own_row(conn, self.node_id, self.load)
+            params = {"b_node": self.node_id, "b_ids": self.ids}
+            found = conn.execute(self.select_claimed, params).mappings()
+            return claimed_partitions(found) or None
+
+    def at_once(self, conn: Connection) -> list[ClaimedPartition]:
+        """The whole claim in one statement (on the autocommit engine)."""
+        self.tries += 1
+        params = {
+            "b_node": self.node_id,
+            "b_ids": self.ids,
+            "b_started_at": self.started_at,
+            "b_load": self.load,
+        }
+        if self.prebuilt is not None:
+            rows = [row._mapping for row in self.prebuilt.all(conn, params)]
+        else:
+            rows = conn.execute(self.one_statement, params).mappings().all()
+        if not rows:
+            raise NodeRemovedError(f"node {self.node_id} is no longer registered")
+        won = claimed_partitions(row for row in rows if row["p_id"] is not None)
+        if self.tries == 1:
+            return won
+        # An earlier try's statement may have gone on after its connection was lost (the server
+        # finishes a statement whose client is gone) and committed a claim after this try's
+        # verify looked: this try queued behind it on the node's row, so reading now finds
+        # what either won.
+        with self.store.engine.connect() as check:
+            return self.verify(check) or []
+
+    def in_steps(self, conn: Connection) -> list[ClaimedPartition]:
+        """The claim as a transaction: the node's row, the partitions still PENDING locked,
+        moved to CLAIMED, their step executions STARTED, and what was won read back."""
+        store, provider = self.store, self.store.provider
+        store.touch_own_row(conn, self.node_id, self.load)
+        lock = store.prepared(
+            "lock claimable",
+            lambda: provider.lock_claimable(bindparam("b_ids", expanding=True)),
+        )
+        locked = [int(r[0]) for r in conn.execute(lock, {"b_ids": self.ids})]
+        if not locked:
+            return []
+        params = {"b_node": self.node_id, "b_ids": locked}
+        store.run(
+            conn,
+            "claim",
+            lambda: provider.claim_partitions(
+                bindparam("b_node"), bindparam("b_ids", expanding=True)
+            ),
+            params,
+        )
+        store.run(
+            conn,
+            "start claimed",
+            lambda: provider.start_claimed(
+                bindparam("b_node"),
+                bindparam("b_ids", expanding=True),
+                bindparam("b_started_at"),
+            ),
+            {**params, "b_started_at": self.started_at},
+        )
+        return claimed_partitions(conn.execute(self.select_claimed, params).mappings())
