@@ -34,14 +34,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Union
 
+from sqlalchemy import Connection
+
+from dbcluster.batch.context import ExecutionContext
 from dbcluster.batch.domain import JobExecution, StepExecution
-from dbcluster.batch.exceptions import BatchError
+from dbcluster.batch.exceptions import BatchError, StartLimitExceededError
+from dbcluster.batch.fence import hold
 from dbcluster.batch.status import BatchStatus, ExitStatus
 from dbcluster.batch.step import Step
 from dbcluster.testing import points
 
 if TYPE_CHECKING:
-    from dbcluster.batch.job import Job
     from dbcluster.batch.runtime import BatchRuntime
 
 log = logging.getLogger(__name__)
@@ -348,7 +351,6 @@ class FlowRun:
 
     def __init__(
         self,
-        job: Job,
         job_execution: JobExecution,
         runtime: BatchRuntime,
         *,
@@ -357,7 +359,6 @@ class FlowRun:
         previous: JobExecution | None,
         own: Sequence[StepExecution],
     ) -> None:
-        self.job = job
         self.je = job_execution
         self.runtime = runtime
         self.restarting = restarting
@@ -544,9 +545,7 @@ class FlowRun:
         else:
             with self.lock:
                 self.save_path()
-                started, earlier = self.job._start_step(
-                    step, je, runtime, self.restarting, save_context=True
-                )
+                started, earlier = start_step(step, je, runtime, self.restarting, save_context=True)
             if started is None:
                 assert earlier is not None
                 return earlier
@@ -555,6 +554,63 @@ class FlowRun:
         with self.lock:
             je.step_executions.append(se)
         return se
+
+
+def start_step(
+    step: Step,
+    job_execution: JobExecution,
+    runtime: BatchRuntime,
+    restarting: bool,
+    *,
+    save_context: bool = False,
+) -> tuple[StepExecution | None, StepExecution | None]:
+    """Create the execution of a step the job runs itself (its context resumed from an earlier
+    one that did not complete), holding the job's fence; with ``save_context``, the job
+    execution's context (the flow's path) is written in the same transaction. Returns (the new
+    execution, None), or (None, the earlier execution) for a step that completed before and is
+    skipped."""
+    je = job_execution
+    repository = runtime.repository
+    prepared = je.prepared_steps.pop(step.name, None)
+    if prepared is not None and not restarting:
+        # Created with the execution, in the launch's transaction (see Job.first_step).
+        prepared.fence = je.fence
+        return prepared, None
+    context = ExecutionContext()
+    if restarting:
+        last = repository.get_last_step_execution(je.job_instance, step.name)
+        if last is not None:
+            if last.status is BatchStatus.COMPLETED and not step.allow_start_if_complete:
+                log.info("step %s already completed; skipped on restart", step.name)
+                return None, last
+            if last.status is not BatchStatus.COMPLETED:
+                context = last.execution_context.copy()
+    if step.start_limit is not None:
+        count = repository.count_step_executions(je.job_instance, step.name)
+        if count >= step.start_limit:
+            raise StartLimitExceededError(
+                f"step {step.name!r} has been started {count} times in this job instance; "
+                f"its start_limit is {step.start_limit}"
+            )
+    created: list[StepExecution] = []
+
+    def create(conn: Connection) -> StepExecution:
+        hold(je.fence, conn)
+        # Created STARTED: the step writes no start of its own.
+        created[:] = [repository.create_step_execution(je, step.name, context, conn, started=True)]
+        if save_context:
+            repository.update_job_execution_context(je, conn)
+        return created[0]
+
+    se = repository.transactions.run(
+        create,
+        verify=lambda conn: repository.step_execution_exists(created[0].id, conn),
+        what=f"start of step {step.name!r} (job execution {je.id})",
+    )
+    # The steps a job runs itself write under the job's fence (a partition's workers get
+    # their own from the node that runs them).
+    se.fence = je.fence
+    return se, None
 
 
 def _reruns(state: Element) -> bool:

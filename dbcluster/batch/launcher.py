@@ -22,10 +22,9 @@ from dbcluster.batch.exceptions import (
 from dbcluster.batch.job import Job
 from dbcluster.batch.local import LocalPartitionHandler
 from dbcluster.batch.parameters import JobParameters, as_job_parameters
-from dbcluster.batch.partition import PartitionHandler
 from dbcluster.batch.registry import JobRegistry
 from dbcluster.batch.repository import JobRepository, Riders
-from dbcluster.batch.runtime import BatchRuntime
+from dbcluster.batch.runtime import BatchRuntime, PartitionHandler
 from dbcluster.batch.status import BatchStatus
 
 log = logging.getLogger(__name__)
