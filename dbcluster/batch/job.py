@@ -12,7 +12,8 @@ from sqlalchemy import Connection
 
 from dbcluster.batch.domain import JobExecution, utcnow
 from dbcluster.batch.fence import FencedError
-from dbcluster.batch.flow import Flow, FlowRun
+from dbcluster.batch.flow import Flow
+from dbcluster.batch.flowrun import FlowRun
 from dbcluster.batch.listeners import call_listeners
 from dbcluster.batch.observe import observers
 from dbcluster.batch.status import BatchStatus, ExitStatus
