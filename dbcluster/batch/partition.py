@@ -18,7 +18,7 @@ from dbcluster.batch.status import EXIT_NODE_LOST, BatchStatus, ExitStatus
 from dbcluster.batch.step import Step
 
 if TYPE_CHECKING:
-    from dbcluster.batch.repository import Riders
+    from dbcluster.batch.repository import InsertExtras
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +194,7 @@ class PartitionStep(Step):
         runtime: BatchRuntime,
         conn: Connection | None = None,
         planned: Mapping[str, ExecutionContext | Mapping[str, Any]] | None = None,
-        riders_for: Callable[[list[tuple[str, ExecutionContext, bool]]], Riders | None]
+        riders_for: Callable[[list[tuple[str, ExecutionContext, bool]]], InsertExtras | None]
         | None = None,
     ) -> list[PartitionWork]:
         """Create the partition step executions (on a restart: only the not-COMPLETED ones, with
@@ -205,7 +205,7 @@ class PartitionStep(Step):
         the write lock, a partitioner that reads the database through its own connection waits
         for ``conn``'s transaction, so call :meth:`plan` first and pass its result as ``planned``.
         ``riders_for(partitions)``: what the statement that creates the step executions also
-        writes and reads (see :class:`~dbcluster.batch.repository.Riders`), given each
+        writes and reads (see :class:`~dbcluster.batch.dao.combined.InsertExtras`), given each
         partition's name, context and transferability; or None.
         """
         repository = runtime.repository

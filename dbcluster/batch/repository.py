@@ -20,7 +20,7 @@ from sqlalchemy import Connection, Engine
 
 from dbcluster.batch.context import ExecutionContext
 from dbcluster.batch.dao import rows
-from dbcluster.batch.dao.combined import CombinedStatements, Riders
+from dbcluster.batch.dao.combined import CombinedStatements, InsertExtras
 from dbcluster.batch.dao.connections import Connections
 from dbcluster.batch.dao.contexts import ExecutionContextDao
 from dbcluster.batch.dao.creation import ExecutionCreation
@@ -33,7 +33,10 @@ from dbcluster.batch.parameters import JobParameters
 from dbcluster.batch.status import BatchStatus
 from dbcluster.batch.transactions import RetryPolicy, Transactions
 
-__all__ = ["JobRepository", "Riders"]
+__all__ = ["InsertExtras", "JobRepository", "Riders"]
+
+#: The former name of :class:`~dbcluster.batch.dao.combined.InsertExtras`, kept for callers.
+Riders = InsertExtras
 
 
 def _provider(engine: Engine) -> Any:
@@ -156,11 +159,13 @@ class JobRepository:
         *,
         started: bool = False,
         first_step: str | None = None,
-        riders: Riders | None = None,
+        riders: InsertExtras | None = None,
     ) -> JobExecution | None:
         """As :meth:`create_instance_and_execution` in one statement, without reading first
-        whether the instance exists: None, having written nothing, where it exists (see
-        :meth:`ExecutionCreation.create_instance_if_absent`: ``first_step``, ``riders``)."""
+        whether the instance exists: None, having written nothing, where it exists.
+        ``first_step``: that step's execution is created too; ``riders``: the
+        :class:`InsertExtras` the statement carries (see
+        :meth:`ExecutionCreation.create_instance_if_absent`)."""
         return self.creation.create_instance_if_absent(
             job_name,
             params,
@@ -168,7 +173,7 @@ class JobRepository:
             conn,
             started=started,
             first_step=first_step,
-            riders=riders,
+            extras=riders,
         )
 
     def update_job_execution(self, execution: JobExecution, conn: Connection | None = None) -> None:
@@ -241,12 +246,14 @@ class JobRepository:
         *,
         started: bool = False,
         context_of: StepExecution | None = None,
-        riders: Riders | None = None,
+        riders: InsertExtras | None = None,
     ) -> list[StepExecution]:
-        """Insert many step executions (e.g. a step's partitions) and their contexts in bulk
-        (see :meth:`ExecutionCreation.create_step_executions`: ``context_of``, ``riders``)."""
+        """Insert many step executions (e.g. a step's partitions) and their contexts in bulk.
+        ``context_of``: that step execution's context is written too; ``riders``: the
+        :class:`InsertExtras` the statement creating one step execution carries (see
+        :meth:`ExecutionCreation.create_step_executions`)."""
         return self.creation.create_step_executions(
-            job_execution, steps, conn, started=started, context_of=context_of, riders=riders
+            job_execution, steps, conn, started=started, context_of=context_of, extras=riders
         )
 
     @property

@@ -2,7 +2,14 @@
 
 Each is built from the repository's query provider, and is None where the database cannot say it
 in one statement: the DAOs then send its parts one by one. A combined statement runs prebuilt
-where it can (see :mod:`dbcluster.prebuilt`).
+where it can (see :mod:`dbcluster.prebuilt`). Three kinds:
+
+- a record and its children in one statement (a job execution, its context and parameters, even
+  its instance and first step execution; a step execution and its context; a step's row and
+  context);
+- a step's final write with its fence's guard first (:meth:`CombinedStatements.run_guarded_write`,
+  the provider's ``fold_guard``);
+- a caller's own writes and read carried by a creating statement (:class:`InsertExtras`).
 """
 
 from __future__ import annotations
@@ -34,12 +41,12 @@ from dbcluster.prebuilt import Prebuilt, PrebuiltStatements
 
 
 @dataclass
-class Riders:
-    """What a statement that creates a row also writes and reads, where the database can put it
-    in that statement (PostgreSQL's data-modifying CTEs): a cluster master's ownership rows and
-    the read of the live nodes its placement starts with, in a first launch's creating
-    statement; a lone partition's row and its wake-up, in the statement that creates its step
-    execution. Each is a round trip fewer before a partition can start.
+class InsertExtras:
+    """What a statement that creates a row also writes and reads, in that statement where the
+    database can (PostgreSQL's data-modifying CTEs): a cluster master's ownership rows and the
+    read of the live nodes its placement starts with, in a first launch's creating statement; a
+    lone partition's row and its wake-up, in the statement that creates its step execution.
+    Each is a round trip fewer before a partition can start.
 
     ``build(new_id, first_step_id, source)`` makes the INSERTs and the read: the INSERTs take
     their values from ``source`` (the new row, none where the statement created nothing: they
@@ -48,7 +55,11 @@ class Riders:
     (or None) is any SELECT whose rows come back with the creation. It is called once per
     ``key``; ``params`` bind the rest. Afterwards, ``rows`` holds the read's rows (an empty list
     without a read) where they went with the creating statement, or None where they did not
-    (the caller writes and reads them itself)."""
+    (the caller writes and reads them itself).
+
+    Formerly ``Riders`` (still importable under that name from
+    :mod:`dbcluster.batch.repository`); the repository's and the launcher's ``riders=``
+    arguments take one."""
 
     key: Hashable
     build: Callable[[Any, Any, Any], tuple[Sequence[Any], Any | None]]
@@ -99,66 +110,68 @@ class CombinedStatements:
             provider, new_instance=True, if_absent=True
         )
         self.instance_if_absent_with_step = with_first_step(self.instance_if_absent)
-        #: Builds a step's final write with its fence's guard in one statement (None: apart).
-        self._fold = provider.fold_guard if provider.supports_writable_cte else None
-        self._folded: dict[tuple[Any, bool, bool], Any] = {}
+        #: Builds a step's final write with its fence's guard first, in one statement (None:
+        #: the guard and the write go apart).
+        self._build_guarded_write = provider.fold_guard if provider.supports_writable_cte else None
+        self._guarded_writes: dict[tuple[Any, bool, bool], Any] = {}
         #: The statements above, prebuilt (see :mod:`dbcluster.prebuilt`).
         self.prebuilt = PrebuiltStatements(dialect)
-        #: A creating statement with riders, per riders' key and statement (see :class:`Riders`).
-        self._rides = provider.supports_writable_cte
-        self._ridden: dict[tuple[Any, Any], tuple[Any, int]] = {}
+        #: Whether a creating statement can carry :class:`InsertExtras`; and each one that does,
+        #: per extras' key and statement.
+        self._takes_extras = provider.supports_writable_cte
+        self._with_extras: dict[tuple[Any, Any], tuple[Any, int]] = {}
 
     def rows(self, conn: Connection, statement: Any, params: Mapping[str, Any]) -> list[Any]:
         """The rows of ``statement``, run prebuilt where it can be."""
         return self.prebuilt.rows(conn, statement, params)
 
-    def rows_riding(
+    def rows_with_extras(
         self,
         conn: Connection,
         statement: Any,
         params: Mapping[str, Any],
-        riders: Riders | None,
+        extras: InsertExtras | None,
         first_step: bool,
     ) -> list[Any]:
-        """The rows of ``statement`` (a creating one, at most one row: see :func:`with_riders`)
-        run prebuilt, with ``riders`` in it where the database can: then its own columns of its
-        row, and ``riders.rows`` the read's rows."""
-        if riders is None or not self._rides:
+        """The rows of ``statement`` (a creating one, at most one row: see :func:`with_extras`)
+        run prebuilt, with ``extras`` in it where the database can: then its own columns of its
+        row, and ``extras.rows`` the read's rows."""
+        if extras is None or not self._takes_extras:
             return self.prebuilt.rows(conn, statement, params)
         # Per statement too: a job with a first step and one without (a flow that starts with a
         # decision) have creating statements of different columns.
-        shape = (riders.key, statement)
-        ridden = self._ridden.get(shape)
-        if ridden is None:
-            ridden = self._ridden[shape] = with_riders(statement, riders, first_step)
-        ridden_statement, own = ridden
-        rows = self.prebuilt.rows(conn, ridden_statement, {**params, **riders.params})
+        shape = (extras.key, statement)
+        built = self._with_extras.get(shape)
+        if built is None:
+            built = self._with_extras[shape] = with_extras(statement, extras, first_step)
+        statement_with_extras, own = built
+        rows = self.prebuilt.rows(conn, statement_with_extras, {**params, **extras.params})
         if not rows:
-            return []  # it created nothing: nothing rode
+            return []  # it created nothing: nothing went with it
         # The read's rows, without the one of NULLs where it found nothing.
-        riders.rows = [tuple(r)[own:] for r in rows if len(r) > own and r[own] is not None]
+        extras.rows = [tuple(r)[own:] for r in rows if len(r) > own and r[own] is not None]
         return [tuple(rows[0])[:own]]
 
     @property
     def folds_guards(self) -> bool:
         """Whether a step's final write can run a fence's guard in its own statement."""
-        return self._fold is not None
+        return self._build_guarded_write is not None
 
-    def folded_write(self, guard: Any, context: bool, then: bool, dialect: Any) -> Any:
-        """The final write folded with ``guard``, built once and, where it can be, prebuilt
+    def guarded_write(self, guard: Any, context: bool, then: bool, dialect: Any) -> Any:
+        """A step's final write with ``guard`` first, built once and, where it can be, prebuilt
         (see :mod:`dbcluster.prebuilt`: for the partition's final write with the claim of the
         next, SQLAlchemy's per-execution cache lookup cost more than the round trip)."""
         key = (guard, context, then)
-        found = self._folded.get(key)
+        found = self._guarded_writes.get(key)
         if found is None:
-            assert self._fold is not None
-            statement = self._fold(
+            assert self._build_guarded_write is not None
+            statement = self._build_guarded_write(
                 guard, UPDATE_STEP, UPDATE_STEP_CONTEXT if context else None, claim_next=then
             )
-            found = self._folded[key] = Prebuilt.build(statement, dialect) or statement
+            found = self._guarded_writes[key] = Prebuilt.build(statement, dialect) or statement
         return found
 
-    def run_folded_write(
+    def run_guarded_write(
         self, conn: Connection, guard: FoldedGuard, values: Mapping[str, Any], context: bool
     ) -> bool:
         """Run a step's final write (``values``; with ``context``, its context's too) with its
@@ -167,7 +180,7 @@ class CombinedStatements:
         context is gone)."""
         then = guard.then_params is not None
         params = {**values, **guard.params, **(guard.then_params or {})}
-        write = self.folded_write(guard.statement, context, then, conn.dialect)
+        write = self.guarded_write(guard.statement, context, then, conn.dialect)
         if isinstance(write, Prebuilt):
             row = write.one(conn, params)
         else:
@@ -273,16 +286,16 @@ def with_first_step(statement: Any | None) -> Any | None:
     return statement.add_cte(context.cte("dbc_step_context")).add_columns(made_step)
 
 
-def with_riders(statement: Any, riders: Riders, first_step: bool) -> tuple[Any, int]:
+def with_extras(statement: Any, extras: InsertExtras, first_step: bool) -> tuple[Any, int]:
     """``statement`` (a new row's: a job execution's or a step execution's, its id its first
     column; with ``first_step``, the execution's first step's id its last) also running
-    ``riders``' writes, and returning their read's rows joined to its own one row (none where
+    ``extras``' writes, and returning their read's rows joined to its own one row (none where
     it creates nothing; one with NULLs where the read finds nothing). Returns it with the
     number of its own columns."""
     columns = list(statement.selected_columns)
     made = columns[0].table  # the new row, as the statement made it
     step_id = columns[-1].element if first_step else None
-    writes, read = riders.build(columns[0], step_id, made)
+    writes, read = extras.build(columns[0], step_id, made)
     if writes:
         statement = statement.add_cte(*(w.cte(f"dbc_rider{i}") for i, w in enumerate(writes)))
     if read is None:

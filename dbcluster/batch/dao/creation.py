@@ -4,7 +4,7 @@ A first launch's instance, execution, context, parameters and first step executi
 statement where the database can (else an INSERT each); many step executions and their contexts
 go as two statements of arrays (else an executemany); a lone step execution and its context in
 one. What else a creating statement carries (a cluster's ownership rows, its wake-up) is
-:class:`~dbcluster.batch.dao.combined.Riders`.
+:class:`~dbcluster.batch.dao.combined.InsertExtras`.
 """
 
 from __future__ import annotations
@@ -15,11 +15,18 @@ from typing import Any
 from sqlalchemy import Connection, select
 
 from dbcluster.batch.context import ExecutionContext
-from dbcluster.batch.dao.combined import CombinedStatements, Riders
+from dbcluster.batch.dao.combined import CombinedStatements, InsertExtras
 from dbcluster.batch.dao.connections import Connections, Dao
 from dbcluster.batch.dao.contexts import ExecutionContextDao, context_gone
 from dbcluster.batch.dao.job_instances import JobInstanceDao
-from dbcluster.batch.dao.rows import context_columns, context_values, new_step, new_step_row
+from dbcluster.batch.dao.rows import (
+    context_columns,
+    context_values,
+    first_step_values,
+    new_step,
+    new_step_row,
+    parameter_rows,
+)
 from dbcluster.batch.dao.statements import (
     INSERT,
     INSERT_STEPS_RETURNING_IN_ORDER,
@@ -107,7 +114,7 @@ class ExecutionCreation(Dao):
         *,
         started: bool = False,
         first_step: str | None = None,
-        riders: Riders | None = None,
+        extras: InsertExtras | None = None,
     ) -> JobExecution | None:
         """As :meth:`create_instance_and_execution` in one statement, without reading first
         whether the instance exists: None, having written nothing, where it exists (one that
@@ -115,7 +122,8 @@ class ExecutionCreation(Dao):
         where :attr:`creates_instance_if_absent`. ``first_step``: the statement creates that
         step's execution too (empty context; with ``started``, STARTED), as
         ``create_step_execution`` would, left in the execution's ``prepared_steps``.
-        ``riders``: go in the same statement where the database can (see :class:`Riders`)."""
+        ``extras``: go in the same statement where the database can (see
+        :class:`InsertExtras`)."""
         return self._create_execution(
             job_name,
             params,
@@ -124,7 +132,7 @@ class ExecutionCreation(Dao):
             started=started,
             if_absent=True,
             first_step=first_step,
-            riders=riders,
+            extras=extras,
         )
 
     def _create_execution(
@@ -137,11 +145,11 @@ class ExecutionCreation(Dao):
         started: bool,
         if_absent: bool = False,
         first_step: str | None = None,
-        riders: Riders | None = None,
+        extras: InsertExtras | None = None,
     ) -> JobExecution | None:
         """``job_instance``: the instance, or the job's name when the statement creates it
         (``if_absent``: None, nothing written, where that instance exists; ``first_step``: and
-        that step's execution with it; ``riders``: see :class:`Riders`)."""
+        that step's execution with it; ``extras``: see :class:`InsertExtras`)."""
         now = utcnow()
         context = context if context is not None else ExecutionContext()
         status = BatchStatus.STARTED if started else BatchStatus.STARTING
@@ -157,74 +165,45 @@ class ExecutionCreation(Dao):
         }
         if isinstance(job_instance, str):
             values.update(i_name=job_instance, i_key=params.job_key())
-            together = (
-                self.combined.instance_if_absent
-                if if_absent
-                else self.combined.instance_with_execution
-            )
         else:
             values["job_instance_id"] = job_instance.id
-            together = self.combined.execution_with_children
-        parameters = [
-            {
-                "parameter_name": name,
-                "parameter_type": p.type_name,
-                "parameter_value": p.text,
-                "identifying": p.identifying,
-            }
-            for name, p in params.parameters().items()
-        ]
+        one_statement = self._one_statement(job_instance, if_absent, first_step)
+        parameters = parameter_rows(params)
         text = context.to_json()
         step_values: dict[str, Any] = {}
         if first_step is not None:
-            assert if_absent, "a first step is created with an instance that did not exist"
-            together = self.combined.instance_if_absent_with_step
             step_context = ExecutionContext()
             step_text = step_context.to_json()
-            step_values = {
-                f"s_{name}": value
-                for name, value in {
-                    **new_step_row(first_step, None, now, started),
-                    **context_columns(step_text),
-                }.items()
-            }
-        if riders is not None:
-            riders.rows = None  # not from an earlier try of the same transaction
+            step_values = first_step_values(first_step, now, started, step_text)
+        if extras is not None:
+            extras.rows = None  # not from an earlier try of the same transaction
         with self.db.transaction(conn) as c:
-            if together is not None:
-                rows = self.combined.rows_riding(
+            if one_statement is None:
+                assert isinstance(job_instance, JobInstance)
+                new_id = self._insert_apart(c, values, parameters, text)
+            else:
+                found = self.combined.rows_with_extras(
                     c,
-                    together,
+                    one_statement,
                     {
                         **values,
                         **context_columns(text),
                         **array_parameters(parameters, PARAMETER_COLUMNS),
                         **step_values,
                     },
-                    riders if if_absent else None,
+                    extras if if_absent else None,
                     first_step is not None,
                 )
-                row = rows[0] if rows else None
-                if row is None:
+                if not found:
                     if if_absent:
                         return None
                     raise AssertionError("a new execution's statement returned no row")
+                row = found[0]
                 new_id = int(row[0])
                 if isinstance(job_instance, str):
                     job_instance = JobInstance(
                         id=int(row[1]), job_name=job_instance, job_key=values["i_key"], version=0
                     )
-            else:
-                assert isinstance(job_instance, JobInstance)
-                new_id = self.db.insert_id(c, JOB_EXECUTION, values)
-                if parameters:
-                    c.execute(
-                        INSERT[JOB_PARAMS.name],
-                        [{"job_execution_id": new_id, **row} for row in parameters],
-                    )
-                c.execute(
-                    INSERT[JOB_CONTEXT.name], {"job_execution_id": new_id, **context_columns(text)}
-                )
         context.mark_saved(text)
         execution = JobExecution(
             id=new_id,
@@ -244,6 +223,34 @@ class ExecutionCreation(Dao):
                 int(row[-1]), first_step, execution, step_context, now, started
             )
         return execution
+
+    def _one_statement(
+        self, job_instance: JobInstance | str, if_absent: bool, first_step: str | None
+    ) -> Any | None:
+        """The statement that creates a job execution with its context and parameters (given
+        the job's name, its instance first; with ``first_step``, that step's execution too), or
+        None where the database needs a statement for each."""
+        if first_step is not None:
+            assert if_absent, "a first step is created with an instance that did not exist"
+            return self.combined.instance_if_absent_with_step
+        if isinstance(job_instance, str):
+            if if_absent:
+                return self.combined.instance_if_absent
+            return self.combined.instance_with_execution
+        return self.combined.execution_with_children
+
+    def _insert_apart(
+        self, c: Connection, values: dict[str, Any], parameters: list[dict[str, Any]], text: str
+    ) -> int:
+        """A job execution's row, then its parameters' and its context's; returns its id."""
+        new_id = self.db.insert_id(c, JOB_EXECUTION, values)
+        if parameters:
+            c.execute(
+                INSERT[JOB_PARAMS.name],
+                [{"job_execution_id": new_id, **row} for row in parameters],
+            )
+        c.execute(INSERT[JOB_CONTEXT.name], {"job_execution_id": new_id, **context_columns(text)})
+        return new_id
 
     # --- step executions ---------------------------------------------------------------------
 
@@ -268,17 +275,17 @@ class ExecutionCreation(Dao):
         *,
         started: bool = False,
         context_of: StepExecution | None = None,
-        riders: Riders | None = None,
+        extras: InsertExtras | None = None,
     ) -> list[StepExecution]:
         """Insert many step executions (e.g. a step's partitions) and their contexts in bulk;
         with ``started``, already STARTED (``start_recorded``: the step writes no start).
         ``context_of``: also write that step execution's context, as
         ``update_step_execution_context`` does (in the same statement where the database can: a
-        partitioned step's own context, naming its partitions). ``riders``: for one step
+        partitioned step's own context, naming its partitions). ``extras``: for one step
         execution, go in the statement that creates it where the database can (see
-        :class:`Riders`)."""
-        if riders is not None:
-            riders.rows = None  # not from an earlier try of the same transaction
+        :class:`InsertExtras`)."""
+        if extras is not None:
+            extras.rows = None  # not from an earlier try of the same transaction
         if not steps:
             if context_of is not None:
                 self.contexts.update_step_execution_context(context_of, conn)
@@ -324,7 +331,7 @@ class ExecutionCreation(Dao):
                 one = {**rows[0], **context_rows[0], **other}
                 folded = self.combined.step_with_context_and_other if other else None
                 statement = folded if folded is not None else self.combined.step_with_context
-                (row,) = self.combined.rows_riding(c, statement, one, riders, False)
+                (row,) = self.combined.rows_with_extras(c, statement, one, extras, False)
                 ids = [int(row[0])]
                 if folded is not None:
                     other_written = int(row[-1])

@@ -55,6 +55,31 @@ def new_step(
     )
 
 
+def parameter_rows(params: JobParameters) -> list[dict[str, Any]]:
+    """The rows of a job execution's parameters (its id aside), in the parameters' order."""
+    return [
+        {
+            "parameter_name": name,
+            "parameter_type": p.type_name,
+            "parameter_value": p.text,
+            "identifying": p.identifying,
+        }
+        for name, p in params.parameters().items()
+    ]
+
+
+def first_step_values(name: str, now: Any, started: bool, context_text: str) -> dict[str, Any]:
+    """The columns of a new execution's first step execution and of its context, each bound as
+    ``s_<column>`` (see :func:`~dbcluster.batch.dao.combined.with_first_step`)."""
+    return {
+        f"s_{column}": value
+        for column, value in {
+            **new_step_row(name, None, now, started),
+            **context_columns(context_text),
+        }.items()
+    }
+
+
 def execution_values(execution: Any, now: Any) -> dict[str, Any]:
     """What an execution's versioned UPDATE binds (a step's counters aside)."""
     return {

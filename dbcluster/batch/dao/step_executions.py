@@ -97,7 +97,7 @@ class StepExecutionDao(Dao):
             values.update(context_values(execution.id, text))
         with self.db.transaction(conn) as c:
             if guard is not None:
-                refused = self.combined.run_folded_write(c, guard, values, context)
+                refused = self.combined.run_guarded_write(c, guard, values, context)
             elif combined is not None:  # both rows or neither: 0 is a refusal
                 refused = c.execute(combined, values).rowcount == 0
             else:
