@@ -65,7 +65,6 @@ from dbcluster.batch.partition import (
     BasePartitioner,
     FunctionPartitioner,
     Partitioner,
-    PartitionHandler,
     PartitionStep,
     PartitionWork,
     partitioner,
@@ -76,7 +75,7 @@ from dbcluster.batch.policy import Backoff, SkipPolicy
 from dbcluster.batch.registry import JobRegistry, load_registry
 from dbcluster.batch.repository import JobRepository
 from dbcluster.batch.resources import Resource
-from dbcluster.batch.runtime import BatchRuntime
+from dbcluster.batch.runtime import BatchRuntime, PartitionHandler
 from dbcluster.batch.schedule import Schedule
 from dbcluster.batch.scope import ChunkContext
 from dbcluster.batch.status import BatchStatus, ExitStatus

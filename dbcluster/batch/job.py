@@ -10,11 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection
 
-from dbcluster.batch.context import ExecutionContext
-from dbcluster.batch.domain import JobExecution, StepExecution, utcnow
-from dbcluster.batch.exceptions import StartLimitExceededError
-from dbcluster.batch.fence import FencedError, hold
-from dbcluster.batch.flow import Flow, FlowRun
+from dbcluster.batch.domain import JobExecution, utcnow
+from dbcluster.batch.fence import FencedError
+from dbcluster.batch.flow import Flow
+from dbcluster.batch.flowrun import FlowRun
 from dbcluster.batch.listeners import call_listeners
 from dbcluster.batch.observe import observers
 from dbcluster.batch.status import BatchStatus, ExitStatus
@@ -195,7 +194,6 @@ class Job:
             commit_job(je, runtime)
         observers.job_started(je)
         run = FlowRun(
-            self,
             je,
             runtime,
             restarting=restarting,
@@ -233,60 +231,3 @@ class Job:
             observers.job_ended(je, error)
             raise
         observers.job_ended(je, None)
-
-    def _start_step(
-        self,
-        step: Step,
-        je: JobExecution,
-        runtime: BatchRuntime,
-        restarting: bool,
-        *,
-        save_context: bool = False,
-    ) -> tuple[StepExecution | None, StepExecution | None]:
-        """Create the step's execution (its context resumed from an earlier one that did not
-        complete), holding the job's fence; with ``save_context``, the job execution's context
-        (the flow's path) is written in the same transaction. Returns (the new execution, None),
-        or (None, the earlier execution) for a step that completed before and is skipped."""
-        repository = runtime.repository
-        prepared = je.prepared_steps.pop(step.name, None)
-        if prepared is not None and not restarting:
-            # Created with the execution, in the launch's transaction (see first_step).
-            prepared.fence = je.fence
-            return prepared, None
-        context = ExecutionContext()
-        if restarting:
-            last = repository.get_last_step_execution(je.job_instance, step.name)
-            if last is not None:
-                if last.status is BatchStatus.COMPLETED and not step.allow_start_if_complete:
-                    log.info("step %s already completed; skipped on restart", step.name)
-                    return None, last
-                if last.status is not BatchStatus.COMPLETED:
-                    context = last.execution_context.copy()
-        if step.start_limit is not None:
-            count = repository.count_step_executions(je.job_instance, step.name)
-            if count >= step.start_limit:
-                raise StartLimitExceededError(
-                    f"step {step.name!r} has been started {count} times in this job instance; "
-                    f"its start_limit is {step.start_limit}"
-                )
-        created: list[StepExecution] = []
-
-        def create(conn: Connection) -> StepExecution:
-            hold(je.fence, conn)
-            # Created STARTED: the step writes no start of its own.
-            created[:] = [
-                repository.create_step_execution(je, step.name, context, conn, started=True)
-            ]
-            if save_context:
-                repository.update_job_execution_context(je, conn)
-            return created[0]
-
-        se = repository.transactions.run(
-            create,
-            verify=lambda conn: repository.step_execution_exists(created[0].id, conn),
-            what=f"start of step {step.name!r} (job execution {je.id})",
-        )
-        # The steps a job runs itself write under the job's fence (a partition's workers get
-        # their own from the node that runs them).
-        se.fence = je.fence
-        return se, None

@@ -22,10 +22,9 @@ from dbcluster.batch.exceptions import (
 from dbcluster.batch.job import Job
 from dbcluster.batch.local import LocalPartitionHandler
 from dbcluster.batch.parameters import JobParameters, as_job_parameters
-from dbcluster.batch.partition import PartitionHandler
 from dbcluster.batch.registry import JobRegistry
-from dbcluster.batch.repository import JobRepository, Riders
-from dbcluster.batch.runtime import BatchRuntime
+from dbcluster.batch.repository import InsertExtras, JobRepository
+from dbcluster.batch.runtime import BatchRuntime, PartitionHandler
 from dbcluster.batch.status import BatchStatus
 
 log = logging.getLogger(__name__)
@@ -126,7 +125,7 @@ class JobLauncher:
         *,
         check: Callable[[Connection, list[JobExecution]], None] | None = None,
         existing: bool = False,
-        riders: Riders | None = None,
+        riders: InsertExtras | None = None,
     ) -> JobExecution:
         """Check that the instance may start and create its new execution, already STARTED,
         in one transaction under the instance's row lock (so that concurrent launchers cannot
@@ -138,7 +137,8 @@ class JobLauncher:
         owner survivors can see). ``existing``: the caller knows the instance exists (a
         restart), so the launch reads it first instead of trying to create it. ``riders``: what
         a first launch's creating statement also writes and reads where it can (see
-        :class:`~dbcluster.batch.repository.Riders`; ``on_created`` then sees their ``rows``).
+        :class:`~dbcluster.batch.dao.combined.InsertExtras`; ``on_created`` then sees their
+        ``rows``).
         """
         job.validate_parameters(params)
         repository = self.repository
@@ -177,7 +177,7 @@ class JobLauncher:
         context: ExecutionContext | None,
         check: Callable[[Connection, list[JobExecution]], None] | None,
         existing: bool,
-        riders: Riders | None = None,
+        riders: InsertExtras | None = None,
     ) -> JobExecution:
         repository = self.repository
         execution: JobExecution | None = None

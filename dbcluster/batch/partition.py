@@ -13,12 +13,12 @@ from sqlalchemy import Connection
 from dbcluster.batch.context import ExecutionContext
 from dbcluster.batch.domain import COUNTER_NAMES, PartitionsEnded, StepExecution
 from dbcluster.batch.exceptions import BatchError, PartitionFailedError, StepConfigurationError
+from dbcluster.batch.runtime import BatchRuntime, PartitionHandler
 from dbcluster.batch.status import EXIT_NODE_LOST, BatchStatus, ExitStatus
 from dbcluster.batch.step import Step
 
 if TYPE_CHECKING:
-    from dbcluster.batch.repository import Riders
-    from dbcluster.batch.runtime import BatchRuntime
+    from dbcluster.batch.repository import InsertExtras
 
 log = logging.getLogger(__name__)
 
@@ -105,18 +105,6 @@ class PartitionWork:
     name: str
     step_execution: StepExecution
     transferable: bool
-
-
-class PartitionHandler(Protocol):
-    """Runs a partition step's partitions and returns their step executions (any final status).
-
-    A handler whose class sets ``returns_stored = True`` returns them as read from the repository
-    after the last one ended, or what the step aggregates of them (:class:`PartitionsEnded`),
-    and the step aggregates that as it is; otherwise the step reads them again."""
-
-    def handle(
-        self, step: PartitionStep, master: StepExecution, runtime: BatchRuntime
-    ) -> list[StepExecution] | PartitionsEnded: ...
 
 
 def _ms(value: float | timedelta) -> int:
@@ -206,7 +194,7 @@ class PartitionStep(Step):
         runtime: BatchRuntime,
         conn: Connection | None = None,
         planned: Mapping[str, ExecutionContext | Mapping[str, Any]] | None = None,
-        riders_for: Callable[[list[tuple[str, ExecutionContext, bool]]], Riders | None]
+        riders_for: Callable[[list[tuple[str, ExecutionContext, bool]]], InsertExtras | None]
         | None = None,
     ) -> list[PartitionWork]:
         """Create the partition step executions (on a restart: only the not-COMPLETED ones, with
@@ -217,7 +205,7 @@ class PartitionStep(Step):
         the write lock, a partitioner that reads the database through its own connection waits
         for ``conn``'s transaction, so call :meth:`plan` first and pass its result as ``planned``.
         ``riders_for(partitions)``: what the statement that creates the step executions also
-        writes and reads (see :class:`~dbcluster.batch.repository.Riders`), given each
+        writes and reads (see :class:`~dbcluster.batch.dao.combined.InsertExtras`), given each
         partition's name, context and transferability; or None.
         """
         repository = runtime.repository

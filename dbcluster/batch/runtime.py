@@ -1,19 +1,45 @@
-"""What a running step needs from its surroundings."""
+"""What a running step needs from its surroundings.
+
+Every step and job module takes a :class:`BatchRuntime`, so this module imports none of them:
+what the runtime holds beside the repository is named by what it does (the protocols below), and
+a job or a partitioned step passed through it is typed ``Any`` here (the modules that define
+those classes type them fully).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from dbcluster.batch.context import ExecutionContext
-    from dbcluster.batch.domain import JobExecution
-    from dbcluster.batch.job import Job
-    from dbcluster.batch.parameters import JobParameters
-    from dbcluster.batch.partition import PartitionHandler
-    from dbcluster.batch.registry import JobRegistry
-    from dbcluster.batch.repository import JobRepository
+from dbcluster.batch.context import ExecutionContext
+from dbcluster.batch.domain import JobExecution, PartitionsEnded, StepExecution
+from dbcluster.batch.parameters import JobParameters
+from dbcluster.batch.repository import JobRepository
+
+
+class PartitionHandler(Protocol):
+    """Runs a partitioned step's partitions and returns their step executions (any final status).
+
+    ``step`` is the :class:`~dbcluster.batch.partition.PartitionStep`. A handler whose class sets
+    ``returns_stored = True`` returns them as read from the repository after the last one ended,
+    or what the step aggregates of them (:class:`PartitionsEnded`), and the step aggregates that
+    as it is; otherwise the step reads them again."""
+
+    def handle(
+        self, step: Any, master: StepExecution, runtime: BatchRuntime
+    ) -> list[StepExecution] | PartitionsEnded: ...
+
+
+class JobLookup(Protocol):
+    """Finds a job by name (a :class:`~dbcluster.batch.registry.JobRegistry` is one)."""
+
+    def get_job(self, name: str) -> Any: ...
+
+
+#: ``create_execution(job, params, context)``: a new execution of a
+#: :class:`~dbcluster.batch.job.Job`.
+ExecutionFactory = Callable[[Any, JobParameters, ExecutionContext | None], JobExecution]
 
 
 @dataclass
@@ -27,7 +53,5 @@ class BatchRuntime:
 
     repository: JobRepository
     partition_handler: PartitionHandler
-    registry: JobRegistry | None = None
-    create_execution: (
-        Callable[[Job, JobParameters, ExecutionContext | None], JobExecution] | None
-    ) = None
+    registry: JobLookup | None = None
+    create_execution: ExecutionFactory | None = None

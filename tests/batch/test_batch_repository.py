@@ -135,7 +135,7 @@ def test_a_step_and_its_context_are_written_together_or_not_at_all(
     je = repo.create_job_execution(repo.create_job_instance("job", params), params)
     se = repo.create_step_execution(je, "step")
     provider = get_provider(backend.engine)
-    assert (repo._update_step_and_context is not None) == (
+    assert (repo.combined.update_step_and_context is not None) == (
         provider.supports_writable_cte or provider.supports_multi_table_update
     )
     se.execution_context.put("reader.last_key", 7)

@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 from sqlalchemy import select, text
 
+from dbcluster.batch.dao.statements import UPDATE_STEP
 from dbcluster.batch.domain import utcnow
 from dbcluster.batch.fence import FencedError
-from dbcluster.batch.repository import _UPDATE_STEP, JobRepository
+from dbcluster.batch.repository import JobRepository
 from dbcluster.batch.status import BatchStatus
 from dbcluster.cluster.fencing import PartitionFence
 from dbcluster.schema import nodes, partitions, step_execution
@@ -194,7 +195,7 @@ def test_the_hot_statement_stays_short_enough_for_the_driver_to_cache(backend: B
     provider = backend.provider
     store = _store(backend.engine, provider)
     guard = store.end_partition_statement("COMPLETED")
-    statement = provider.fold_guard(guard, _UPDATE_STEP, None, claim_next=True)
+    statement = provider.fold_guard(guard, UPDATE_STEP, None, claim_next=True)
     sql = str(statement.compile(dialect=backend.engine.dialect))
     assert "FOR KEY SHARE SKIP LOCKED" in sql
     assert len(sql) <= 4096, f"{len(sql)} characters"

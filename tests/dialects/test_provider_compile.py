@@ -319,15 +319,15 @@ def test_the_claim_writes_the_step_executions_status_as_the_repository_spells_it
 
 
 def test_a_step_and_its_context_are_one_statement_where_the_database_allows() -> None:
-    from dbcluster.batch.repository import (
-        _STEP_CONTEXT_VALUES,
-        _UPDATE_STEP,
-        _UPDATE_STEP_CONTEXT,
+    from dbcluster.batch.dao.statements import (
+        STEP_CONTEXT_VALUES,
+        UPDATE_STEP,
+        UPDATE_STEP_CONTEXT,
     )
 
     combined = {
         n: provider_for_name(n).update_step_and_context(
-            _UPDATE_STEP, _UPDATE_STEP_CONTEXT, _STEP_CONTEXT_VALUES
+            UPDATE_STEP, UPDATE_STEP_CONTEXT, STEP_CONTEXT_VALUES
         )
         for n in BUILTIN_NAMES
     }
@@ -370,7 +370,7 @@ def test_a_wake_up_can_carry_the_ids_it_placed() -> None:
 
 
 def test_many_rows_are_one_insert_of_arrays_where_the_database_allows() -> None:
-    from dbcluster.batch.repository import _NEW_STEP_COLUMNS
+    from dbcluster.batch.dao.statements import NEW_STEP_COLUMNS
 
     placed = {n: provider_for_name(n).insert_partitions_from_arrays() for n in BUILTIN_NAMES}
     assert sorted(n for n, found in placed.items() if found is not None) == ["postgresql"]
@@ -381,7 +381,7 @@ def test_many_rows_are_one_insert_of_arrays_where_the_database_allows() -> None:
     assert "timezone('UTC', clock_timestamp())" in sql
     assert len(sql) < 2000, "one short text, whatever the number of rows"
     steps = provider_for_name("postgresql").insert_from_arrays(
-        schema.step_execution, _NEW_STEP_COLUMNS
+        schema.step_execution, NEW_STEP_COLUMNS
     )
     sql = str(steps.compile(dialect=dialect))  # type: ignore[union-attr]
     # Bounded text binds unbounded: the column refuses an over-long value, no cast cuts it.
@@ -414,12 +414,12 @@ def test_a_placement_and_its_wake_ups_are_one_statement_where_the_database_allow
 def test_a_step_and_its_context_are_one_insert_where_the_database_allows() -> None:
     from sqlalchemy import insert
 
-    from dbcluster.batch.repository import _NEW_CONTEXT_COLUMNS
+    from dbcluster.batch.dao.statements import NEW_CONTEXT_COLUMNS
 
     se, sc = schema.step_execution, schema.step_execution_context
     made = {
         n: provider_for_name(n).insert_child_row(
-            insert(se), se.c.step_execution_id, sc, _NEW_CONTEXT_COLUMNS
+            insert(se), se.c.step_execution_id, sc, NEW_CONTEXT_COLUMNS
         )
         for n in BUILTIN_NAMES
     }
@@ -436,9 +436,9 @@ def test_a_job_execution_its_context_and_parameters_are_one_insert_where_the_dat
     None
 ):
     """The parameters go as arrays, a row per element (none for a job without parameters)."""
-    from dbcluster.batch.repository import _execution_with_children
+    from dbcluster.batch.dao.combined import execution_with_children
 
-    found = {n: _execution_with_children(provider_for_name(n)) for n in BUILTIN_NAMES}
+    found = {n: execution_with_children(provider_for_name(n)) for n in BUILTIN_NAMES}
     assert sorted(n for n, f in found.items() if f is not None) == ["postgresql"]
     sql = str(found["postgresql"].compile(dialect=provider_for_name("postgresql").dialect))
     assert sql.startswith("WITH dbc_parent AS \n(INSERT INTO batch_job_execution (")
@@ -447,7 +447,7 @@ def test_a_job_execution_its_context_and_parameters_are_one_insert_where_the_dat
     assert "unnest(%(a_identifying)s::BOOLEAN[])" in sql
     assert sql.rstrip().endswith("SELECT dbc_parent.job_execution_id \nFROM dbc_parent")
     # A first launch's: its new instance first, and both ids back.
-    first = _execution_with_children(provider_for_name("postgresql"), new_instance=True)
+    first = execution_with_children(provider_for_name("postgresql"), new_instance=True)
     sql = str(first.compile(dialect=provider_for_name("postgresql").dialect))
     assert sql.startswith("WITH dbc_instance AS \n(INSERT INTO batch_job_instance (")
     assert "SELECT dbc_instance.job_instance_id AS job_instance_id," in sql
@@ -455,19 +455,19 @@ def test_a_job_execution_its_context_and_parameters_are_one_insert_where_the_dat
         "SELECT dbc_parent.job_execution_id, dbc_parent.job_instance_id \nFROM dbc_parent"
     )
     assert [
-        n for n in BUILTIN_NAMES if _execution_with_children(provider_for_name(n), True) is not None
+        n for n in BUILTIN_NAMES if execution_with_children(provider_for_name(n), True) is not None
     ] == ["postgresql"]
 
 
 def test_a_final_write_carries_its_fence_in_one_statement_where_the_database_allows() -> None:
-    from dbcluster.batch.repository import _UPDATE_STEP, _UPDATE_STEP_CONTEXT
+    from dbcluster.batch.dao.statements import UPDATE_STEP, UPDATE_STEP_CONTEXT
 
     def folded(name: str, context: bool) -> Any:
         provider = provider_for_name(name)
         guard = provider.finish_partition(
             bindparam("b_id"), bindparam("b_node"), bindparam("b_attempt"), PARTITION_COMPLETED
         )
-        return provider.fold_guard(guard, _UPDATE_STEP, _UPDATE_STEP_CONTEXT if context else None)
+        return provider.fold_guard(guard, UPDATE_STEP, UPDATE_STEP_CONTEXT if context else None)
 
     assert [n for n in BUILTIN_NAMES if folded(n, False) is not None] == ["postgresql"]
     dialect = provider_for_name("postgresql").dialect

@@ -239,19 +239,19 @@ def test_chaos_reads_flags_with_a_bound_value(name: str) -> None:
 def test_what_a_partitioned_step_aggregates_binds_no_untyped_result(name: str) -> None:
     """The sums a partitioned step's end reads compile on every database, and no CASE inside
     them returns a bound value (Db2: SQL0418N, an untyped marker in a function's arguments)."""
-    from dbcluster.batch.repository import (
-        _PARTITION_TOTALS,
-        _PARTITION_TOTALS_BETWEEN,
-        _PARTITIONS_UNFINISHED,
-        _PARTITIONS_UNFINISHED_BETWEEN,
+    from dbcluster.batch.dao.statements import (
+        PARTITION_TOTALS,
+        PARTITION_TOTALS_BETWEEN,
+        PARTITIONS_UNFINISHED,
+        PARTITIONS_UNFINISHED_BETWEEN,
     )
 
     provider = provider_for_name(name)
     for stmt in (
-        _PARTITION_TOTALS,
-        _PARTITION_TOTALS_BETWEEN,
-        _PARTITIONS_UNFINISHED,
-        _PARTITIONS_UNFINISHED_BETWEEN,
+        PARTITION_TOTALS,
+        PARTITION_TOTALS_BETWEEN,
+        PARTITIONS_UNFINISHED,
+        PARTITIONS_UNFINISHED_BETWEEN,
     ):
         sql = str(stmt.compile(dialect=provider.dialect))
         assert not re.search(r"\b(THEN|ELSE)\s+(\?|:\w+|%\(\w+\)s|\$\d+|@\w+)", sql), sql

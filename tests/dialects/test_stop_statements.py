@@ -7,7 +7,7 @@ from datetime import datetime
 
 import pytest
 
-from dbcluster.batch.repository import _UPDATE_JOB, _UPDATE_RUNNING_JOB
+from dbcluster.batch.dao.statements import UPDATE_JOB, UPDATE_RUNNING_JOB
 from dbcluster.dialects import BUILTIN_NAMES, provider_for_name
 from dbcluster.dialects.base import PARTITION_FAILED, SessionLimits
 
@@ -32,6 +32,6 @@ def test_the_stop_statements_compile_and_are_bounded(name: str) -> None:
     ):
         assert str(stmt.compile(dialect=dialect)).startswith("SELECT")
     # The master's write of a running status keeps STOPPING; an end replaces it.
-    running = str(_UPDATE_RUNNING_JOB.compile(dialect=dialect))
+    running = str(UPDATE_RUNNING_JOB.compile(dialect=dialect))
     assert "CASE WHEN" in running, running
-    assert "CASE" not in str(_UPDATE_JOB.compile(dialect=dialect))
+    assert "CASE" not in str(UPDATE_JOB.compile(dialect=dialect))

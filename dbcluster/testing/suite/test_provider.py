@@ -442,7 +442,7 @@ def test_bulk_creation_writes_what_row_by_row_writes(dbc_backend: Any) -> None:
     for name, chosen in paths.items():
         repository = JobRepository(engine)
         if name == "executemany":
-            repository._bulk_inserts = None
+            repository.combined.bulk_inserts = None
         job_id, _, master_id = _job(engine, 0)
         execution = repository.get_job_execution(job_id)
         assert execution is not None
