@@ -5,7 +5,7 @@ transaction, the launcher's, so no execution ever exists without an owner that s
 see. A first run whose job starts with a partitioned step may place that step's partitions in
 the same transaction (one COMMIT before a partition can start: :func:`placed_at_launch`); where
 the database can, the ownership rows and the live nodes' read even ride on the statement that
-creates the execution (:class:`~dbcluster.batch.repository.Riders`).
+creates the execution (:class:`~dbcluster.batch.repository.InsertExtras`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dbcluster.batch.domain import JobExecution
 from dbcluster.batch.exceptions import JobRestartError
 from dbcluster.batch.observe import observers
 from dbcluster.batch.partition import PartitionStep
-from dbcluster.batch.repository import Riders
+from dbcluster.batch.repository import InsertExtras
 from dbcluster.cluster.identity import Identity
 from dbcluster.cluster.mastership import Mastership
 from dbcluster.cluster.placement import PlaceLater, Placer
@@ -98,7 +98,7 @@ class ExecutionCreation:
         #: Set when the placement must come after the creating transaction.
         self.later: PlaceLater | None = None
         #: What rides on the creating statement this time (None: nothing).
-        self.riders: Riders | None = None
+        self.riders: InsertExtras | None = None
 
     def create(self) -> JobExecution:
         try:
@@ -194,7 +194,7 @@ class ExecutionCreation:
     ) -> tuple[Any, Any]:
         """The coordination row and the master history row, of bound parameters (``b_id``,
         ``b_master``) or, riding on the creating statement, of its new rows' ids and taking
-        their values from ``source`` (see :class:`~dbcluster.batch.repository.Riders`)."""
+        their values from ``source`` (see :class:`~dbcluster.batch.repository.InsertExtras`)."""
         provider = self.store.provider
         execution_id = bindparam("b_id") if execution_id is None else execution_id
         master_id = bindparam("b_master") if master_id is None else master_id
@@ -206,7 +206,7 @@ class ExecutionCreation:
         launched = provider.insert_master(execution_id, 1, node, MASTER_LAUNCHED, source=source)
         return coordination, launched
 
-    def _riding_ownership(self) -> Riders:
+    def _riding_ownership(self) -> InsertExtras:
         """The ownership rows (pointing at the partitioned step that a first run starts with,
         when it places its partitions) and, when it places them in this transaction, the live
         nodes' read, in the statement that creates the execution where the database can: the
@@ -217,7 +217,7 @@ class ExecutionCreation:
         if self.placing is not None:
             params["b_worker_step"] = self.placing.worker_step.name
         build = partial(self._ride, pointing, reading)
-        return Riders(("own execution", pointing, reading), build, params)
+        return InsertExtras(("own execution", pointing, reading), build, params)
 
     def _ride(
         self, pointing: bool, reading: bool, execution_id: Any, first_step_id: Any, source: Any

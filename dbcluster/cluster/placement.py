@@ -16,7 +16,7 @@ from dbcluster import points
 from dbcluster.batch.domain import StepExecution
 from dbcluster.batch.exceptions import BatchError
 from dbcluster.batch.observe import observers
-from dbcluster.batch.repository import Riders
+from dbcluster.batch.repository import InsertExtras
 from dbcluster.cluster.assignment import AssignmentStrategy
 from dbcluster.cluster.mastership import Mastership
 from dbcluster.cluster.patience import Patience
@@ -131,9 +131,9 @@ class Placer:
             }
 
         #: The lone partition's placement, where it rides on its step execution's creation.
-        lone: list[Riders] = []
+        lone: list[InsertExtras] = []
 
-        def place_lone_partition(pending: list[tuple[str, Any, bool]]) -> Riders | None:
+        def place_lone_partition(pending: list[tuple[str, Any, bool]]) -> InsertExtras | None:
             """A lone partition is placed (and its node woken) by the statement that creates
             its step execution, where the database can: one round trip fewer."""
             if len(pending) != 1:

@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import Text, bindparam, cast
 from sqlalchemy.engine import Connection
 
-from dbcluster.batch.repository import Riders
+from dbcluster.batch.repository import InsertExtras
 from dbcluster.cluster.store.wakeups import WakeUps
 from dbcluster.dialects.base import PLACED_COLUMNS, array_parameters
 from dbcluster.inlists import in_batches
@@ -55,9 +55,9 @@ class Placing(WakeUps):
             {**_placed_arrays(rows), **self.offer_parameters(sorted(placed), placed)},
         )
 
-    def lone_partition_placement(self, row: Mapping[str, Any]) -> Riders | None:
+    def lone_partition_placement(self, row: Mapping[str, Any]) -> InsertExtras | None:
         """A lone partition's row and the wake-up of its node, to go in the statement that
-        creates its step execution (see :class:`~dbcluster.batch.repository.Riders`): ``row``
+        creates its step execution (see :class:`~dbcluster.batch.repository.InsertExtras`): ``row``
         as :meth:`place_partitions` takes one, without its step execution's id. None where the
         database cannot wake a node from that statement (the partition is then placed by
         :meth:`place_partitions`)."""
@@ -81,7 +81,7 @@ class Placing(WakeUps):
         params.update({f"b_{name}": value for name, value in row.items()})
         params["b_channel"] = provider.wake_channel(row["assigned_node"])
         del params["b_step_execution_id"]
-        return Riders("place one, notified", build, params)
+        return InsertExtras("place one, notified", build, params)
 
     def insert_partitions(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
         """Place PENDING partitions in the caller's transaction, at most the provider's
