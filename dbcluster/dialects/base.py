@@ -11,8 +11,7 @@ and judges the row count.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ClassVar, Protocol
@@ -39,14 +38,16 @@ from sqlalchemy import (
     true,
     update,
 )
-from sqlalchemy.engine import URL, Connection, Dialect
+from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.engine.default import DefaultDialect
 from sqlalchemy.exc import DBAPIError, IntegrityError
-from sqlalchemy.schema import CreateIndex, CreateTable
-from sqlalchemy.sql.elements import BindParameter, ClauseElement, ColumnElement
+from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.types import TypeEngine
 
 from dbcluster import schema
+from dbcluster.dialects.ddl import DDLStatements
+from dbcluster.dialects.family import insert_from
+from dbcluster.dialects.provisioning import ScratchDatabases
 from dbcluster.schema import (
     job_coordination,
     job_masters,
@@ -146,37 +147,10 @@ class Listener(Protocol):
     def close(self) -> None: ...
 
 
-def insert_from(table: Table, values: Mapping[str, Any], source: Any | None) -> Insert:
-    """An INSERT of one row of ``values``; with ``source`` (a FROM clause of at most one row:
-    a statement's CTE), an INSERT ... SELECT of those values from it, which ``values`` may
-    take columns of and which writes nothing where ``source`` has no row (a launch's ownership
-    rows in the statement that creates the execution, where its instance existed)."""
-    if source is None:
-        return insert(table).values(**values)
-    return insert(table).from_select(
-        list(values),
-        select(*(_typed(table.c[name].type, value) for name, value in values.items())).select_from(
-            source
-        ),
-    )
-
-
-def _typed(type_: TypeEngine[Any], value: Any) -> Any:
-    """``value`` as a column of a SELECT that fills a column of ``type_``: a constant or an
-    untyped bound parameter takes that type (in a SELECT list the server would read an untyped
-    parameter as text)."""
-    if isinstance(value, BindParameter):
-        if value.type._isnull:
-            if value.required:
-                return bindparam(value.key, type_=type_)
-            return literal(value.value, type_=type_)
-        return value
-    if isinstance(value, ClauseElement):
-        return value
-    return literal(value, type_=type_)
-
-
-class QueryProvider:
+class QueryProvider(
+    DDLStatements,
+    ScratchDatabases,
+):
     """The portable provider. Subclasses set the class attributes and override what differs."""
 
     #: The name users type: ``dbcluster ddl --dialect NAME``.
@@ -254,6 +228,19 @@ class QueryProvider:
     #: per-transaction MAXLOCKS share, so a big job never takes a table lock that stops every
     #: poll and claim. Also an IN list's length (see :mod:`dbcluster.inlists`).
     partition_write_batch: ClassVar[int] = 500
+
+    # DDL (see :mod:`dbcluster.dialects.ddl`).
+    #: DDL runs inside a transaction and rolls back with it (PostgreSQL, SQLite, SQL Server,
+    #: Db2). Where it does not (MySQL, MariaDB and Oracle commit each DDL statement on its own),
+    #: a revision cut short stays half done; each migration step checks whether it is already
+    #: done, so running ``dbcluster migrate`` again completes it.
+    transactional_ddl: ClassVar[bool] = True
+    #: Changing a column's type keeps the indexes and keys over it (SQL Server refuses to alter
+    #: a column an index or key covers: they are dropped and created again around it).
+    alter_type_keeps_indexes: ClassVar[bool] = True
+    #: A script for a DBA commits its own writes: the database's tools do not commit when they
+    #: exit (Oracle's SQLcl and SQL Developer), so the version row would be lost.
+    scripts_commit: ClassVar[bool] = False
 
     def __init__(self, dialect: Dialect) -> None:
         self.dialect = dialect
@@ -614,219 +601,6 @@ class QueryProvider:
         (a missing system driver or package, an untrusted certificate); None for the rest."""
         return None
 
-    # --- DDL ------------------------------------------------------------------------------------
-
-    def ddl_statements(self) -> list[str]:
-        """Every CREATE statement for the dbcluster tables, parents first, then the row that
-        records the schema's version (without it a node refuses the tables)."""
-        out: list[str] = []
-        for table in schema.ALL_TABLES:
-            out.append(str(CreateTable(table).compile(dialect=self.dialect)).strip())
-            for index in sorted(table.indexes, key=lambda i: i.name or ""):
-                out.append(str(CreateIndex(index).compile(dialect=self.dialect)).strip())
-        out.append(self.literal_sql(self.record_schema_version(schema.SCHEMA_VERSION)))
-        return out
-
-    def record_schema_version(self, version: str) -> Insert:
-        """The schema version row, stamped by the database clock."""
-        return insert(schema.schema_version).values(version_num=version, applied_time=self.now())
-
-    def literal_sql(self, statement: Any) -> str:
-        """A statement as SQL text with its values inline, for a script a DBA runs."""
-        compiled = statement.compile(dialect=self.dialect, compile_kwargs={"literal_binds": True})
-        return str(compiled).strip()
-
-    # --- migrations (``dbcluster migrate``) ------------------------------------------------------
-
-    #: DDL runs inside a transaction and rolls back with it (PostgreSQL, SQLite, SQL Server,
-    #: Db2). Where it does not (MySQL, MariaDB and Oracle commit each DDL statement on its own),
-    #: a revision cut short stays half done; each migration step checks whether it is already
-    #: done, so running ``dbcluster migrate`` again completes it.
-    transactional_ddl: ClassVar[bool] = True
-    #: Changing a column's type keeps the indexes and keys over it (SQL Server refuses to alter
-    #: a column an index or key covers: they are dropped and created again around it).
-    alter_type_keeps_indexes: ClassVar[bool] = True
-
-    def quote(self, name: str) -> str:
-        return str(self.dialect.identifier_preparer.quote(name))
-
-    def add_column_sql(self, table: str, column_spec: str) -> list[str]:
-        """Add a column, given its rendered specification (name, type, default, nullability)."""
-        return [f"ALTER TABLE {self.quote(table)} ADD COLUMN {column_spec}"]
-
-    def alter_column_type_sql(
-        self, table: str, column: str, old_type: str, new_type: str, nullable: bool
-    ) -> list[str]:
-        """Change a column's type from ``old_type`` to ``new_type`` (both rendered by this
-        dialect), keeping its nullability and its data. SQL's own spelling by default."""
-        return [
-            f"ALTER TABLE {self.quote(table)} ALTER COLUMN {self.quote(column)} "
-            f"SET DATA TYPE {new_type}"
-        ]
-
-    def count_live_nodes(self, within_ms: int) -> Select[Any]:
-        """ACTIVE nodes that heartbeated in the last ``within_ms`` (by the database clock):
-        ``migrate`` refuses to run under a live cluster. Reads only 0.1.0's columns."""
-        return (
-            select(func.count())
-            .select_from(nodes)
-            .where(
-                nodes.c.status == NODE_ACTIVE,
-                ~self.older_than(nodes.c.last_heartbeat, within_ms),
-            )
-        )
-
-    def rename_column_sql(self, table: str, old: str, new: str) -> list[str]:
-        """Rename a column (``old`` and ``new`` as this dialect spells them, quoted where it
-        quotes them). SQL's own spelling by default."""
-        return [f"ALTER TABLE {self.quote(table)} RENAME COLUMN {old} TO {new}"]
-
-    def unless_present(
-        self, kind: str, table: str, name: str | None, statements: list[str]
-    ) -> list[str]:
-        """``statements``, which create the ``kind`` ("table", "index" or "column") ``name`` of
-        ``table`` (a table: ``name`` None), as a migration runs them. ``dbcluster migrate``
-        looks first and runs them only where the object is missing; where DDL commits on its
-        own and a statement can consult the data dictionary (Oracle), each is wrapped so that it
-        checks for itself, and a DBA's script cut short runs again cleanly. Default: as
-        given."""
-        return statements
-
-    def after_alter_sql(self, table: str) -> list[str]:
-        """Statements to run once a revision that retyped columns of ``table`` has committed,
-        each in a transaction of its own (Db2: reorganize the table). Default: none."""
-        return []
-
-    def drop_primary_key_sql(self, table: str, name: str | None) -> list[str]:
-        """Drop a table's primary key (``name``: None when the database named it); needed only
-        where :attr:`alter_type_keeps_indexes` is false."""
-        raise NotImplementedError(f"{self.name} does not drop primary keys for migrations")
-
-    #: A script for a DBA commits its own writes: the database's tools do not commit when they
-    #: exit (Oracle's SQLcl and SQL Developer), so the version row would be lost.
-    scripts_commit: ClassVar[bool] = False
-
-    def script_line(self, sql: str) -> str:
-        """One statement as a script for this database's own tools ends it."""
-        return f"{sql};"
-
-    def ddl_script(self) -> str:
-        version = ".".join(str(p) for p in getattr(self.dialect, "server_version_info", ()) or ())
-        target = f"{self.name} {version} and later" if version else self.name
-        header = f"-- dbcluster schema for {target} (generated by `dbcluster ddl`)\n"
-        statements = [*self.ddl_statements(), *(["COMMIT"] if self.scripts_commit else [])]
-        return header + "".join(f"\n{self.script_line(stmt)}\n" for stmt in statements)
-
-    def create_tables(self, engine: Engine) -> list[str]:
-        """Create the tables and indexes that are missing (see :meth:`create_schema`) and,
-        where this call created the version table, record the schema's version in it, in a
-        transaction of its own once the DDL has committed (as ``metadata.create_all`` does, in
-        one). Returns the names of the tables this call created."""
-        created = self.create_schema(engine)[0]
-        if schema.schema_version.name in created:
-            # Only the process whose CREATE made the table gets here: one row.
-            with engine.begin() as conn:
-                conn.execute(self.record_schema_version(schema.SCHEMA_VERSION))
-        return created
-
-    def create_schema(self, engine: Engine) -> tuple[list[str], list[str]]:
-        """Create the missing tables, then any index missing from a table that exists: DDL is
-        not transactional on Oracle and MySQL, so a crash between a CREATE TABLE and its CREATE
-        INDEX leaves the table without the index. Safe when several processes run it at once.
-
-        DDL only, each statement in a transaction of its own: no row is written here. A
-        database may refuse DML on a table created in the still-open transaction (Firebird:
-        "Table unknown"), so the version row is recorded afterwards, in a transaction of its
-        own (``migrations.record_if_unrecorded``). The CREATE statements run as DDL constructs,
-        not ``Table.create``, whose ``after_create`` event (``schema.py`` records the version
-        there for ``metadata.create_all``) would insert it inside the DDL's transaction.
-
-        Returns the names of the tables and of the indexes this call created.
-        """
-        tables = [
-            table.name
-            for table in schema.ALL_TABLES
-            if self._create_once(
-                engine,
-                lambda conn, table=table: conn.execute(CreateTable(table)),
-                lambda table=table: self._table_exists(engine, table.name),
-            )
-        ]
-        indexes = [
-            index.name
-            for table in schema.ALL_TABLES
-            for index in sorted(table.indexes, key=lambda i: i.name or "")
-            if index.name
-            and self._create_once(
-                engine,
-                lambda conn, index=index: conn.execute(CreateIndex(index)),
-                lambda table=table, index=index: self._index_exists(engine, table.name, index.name),
-            )
-        ]
-        return tables, indexes
-
-    def _create_once(
-        self, engine: Engine, create: Callable[[Connection], None], exists: Callable[[], bool]
-    ) -> bool:
-        """Run ``create`` unless ``exists``; True when this call created the object."""
-        if exists():
-            return False
-        for retry in range(10):
-            try:
-                with engine.begin() as conn:
-                    create(conn)
-                return True
-            except DBAPIError as exc:
-                # Another process created it between our check and our CREATE.
-                if exists():
-                    return False
-                # Or holds the lock while it does (SQLite: "database is locked").
-                if retry < 9 and self.is_transient(exc):
-                    time.sleep(0.05 * (retry + 1))
-                    continue
-                raise
-        return False
-
-    @staticmethod
-    def _table_exists(engine: Engine, name: str) -> bool:
-        from sqlalchemy import inspect
-
-        return inspect(engine).has_table(name)
-
-    @staticmethod
-    def _index_exists(engine: Engine, table: str, name: str | None) -> bool:
-        from sqlalchemy import inspect
-
-        found = {str(i["name"]).lower() for i in inspect(engine).get_indexes(table) if i["name"]}
-        return str(name).lower() in found
-
-    def create_database_sql(self, name: str) -> str:
-        """DDL for a scratch database; ``name`` is generated, never user input."""
-        return f"CREATE DATABASE {name}"
-
-    def drop_database_sql(self, name: str) -> str:
-        return f"DROP DATABASE {name}"
-
-    def create_scratch_database(self, admin: Engine, name: str) -> URL:
-        """Create an empty database called ``name`` where ``admin`` (an AUTOCOMMIT engine on the
-        URL the user gave) points, and return its URL; the test backends and the conformance
-        suite work in it and drop it at the end (only when :attr:`can_create_database`).
-
-        The default runs :meth:`create_database_sql` on the server. A database that is a file
-        made by a driver call, not by ``CREATE DATABASE``, overrides this pair of hooks."""
-        from sqlalchemy import text
-
-        with admin.connect() as conn:
-            conn.execute(text(self.create_database_sql(name)))
-        return admin.url.set(database=name)
-
-    def drop_scratch_database(self, admin: Engine, url: URL) -> None:
-        """Drop a database :meth:`create_scratch_database` made (its URL)."""
-        from sqlalchemy import text
-
-        with admin.connect() as conn:
-            conn.execute(text(self.drop_database_sql(str(url.database))))
-
     # --- node registry --------------------------------------------------------------------------
 
     def register_node(self, conn: Connection, node_id: str, host: str, capacity: int = 0) -> None:
@@ -906,14 +680,6 @@ class QueryProvider:
         """A node leaving, before :meth:`fence_claims_of`: its row locked ``FOR UPDATE``, for
         the reason :meth:`lock_removing` gives."""
         return self.locked(select(nodes.c.node_id).where(nodes.c.node_id == node_id))
-
-    def locked(self, stmt: Select[Any], *, skip_locked: bool = False) -> Select[Any]:
-        """``stmt``, a read of one table, locking the rows it reads for update until its
-        transaction ends; with ``skip_locked`` (only where :meth:`skip_locked`), passing over
-        rows another transaction holds instead of waiting for them. SQL's ``FOR UPDATE [SKIP
-        LOCKED]`` by default; a database whose dialect says it otherwise overrides this (SQL
-        Server: table hints, which SQLAlchemy's ``with_for_update()`` does not render)."""
-        return stmt.with_for_update(skip_locked=skip_locked)
 
     def fence_partitions_of_removing(self) -> Update:
         """Removal, second statement: every partition the removed nodes had CLAIMED moves to its
@@ -1158,11 +924,6 @@ class QueryProvider:
             .order_by(partitions.c.step_execution_id)
             .limit(limit)
         )
-
-    def skip_locked(self) -> bool:
-        """Whether this server has ``SELECT ... FOR UPDATE SKIP LOCKED`` (see
-        :attr:`supports_skip_locked`; a subclass may judge by server version)."""
-        return self.supports_skip_locked
 
     def lock_claimable(self, step_execution_ids: Any, table: Any = partitions) -> Select[Any]:
         """In a claim's transaction: those of the polled partitions still PENDING, locked where
@@ -1507,11 +1268,6 @@ class QueryProvider:
             .order_by(partitions.c.step_execution_id)
             .limit(limit)
         )
-
-    def _node_gone(self, node_column: ColumnElement[Any]) -> ColumnElement[bool]:
-        """The node is absent from the registry. Orphan detection never depends on the dead
-        node's own row still being there."""
-        return ~exists().where(nodes.c.node_id == node_column)
 
     def select_orphaned_partitions(self, master_step_execution_id: int) -> Select[Any]:
         """In-flight partitions of one master step whose node is gone (or that were handed
