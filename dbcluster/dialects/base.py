@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 from sqlalchemy import (
     DateTime,
@@ -38,16 +38,19 @@ from sqlalchemy import (
     true,
     update,
 )
-from sqlalchemy.engine import Connection, Dialect
+from sqlalchemy.engine import Dialect
 from sqlalchemy.engine.default import DefaultDialect
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.types import TypeEngine
 
 from dbcluster import schema
 from dbcluster.dialects.ddl import DDLStatements
 from dbcluster.dialects.family import insert_from
+from dbcluster.dialects.leases import LeaseStatements
+from dbcluster.dialects.nodes import NodeStatements
 from dbcluster.dialects.provisioning import ScratchDatabases
+from dbcluster.dialects.wakeups import Listener, WakeUpStatements  # noqa: F401 - re-exported
 from dbcluster.schema import (
     job_coordination,
     job_masters,
@@ -136,18 +139,10 @@ class SessionLimits:
     idle_in_transaction_ms: int | None = None
 
 
-class Listener(Protocol):
-    """A connection listening for wake-ups (see :meth:`QueryProvider.open_listener`)."""
-
-    def wait(self, timeout: float) -> list[str] | None:
-        """Block up to ``timeout`` seconds; the payloads of the notifications that arrived
-        (empty strings for those without one), or None when none did."""
-        ...
-
-    def close(self) -> None: ...
-
-
 class QueryProvider(
+    NodeStatements,
+    WakeUpStatements,
+    LeaseStatements,
     DDLStatements,
     ScratchDatabases,
 ):
@@ -600,138 +595,6 @@ class QueryProvider(
         """One line naming the fix for a connect failure the user must mend outside dbcluster
         (a missing system driver or package, an untrusted certificate); None for the rest."""
         return None
-
-    # --- node registry --------------------------------------------------------------------------
-
-    def register_node(self, conn: Connection, node_id: str, host: str, capacity: int = 0) -> None:
-        """Insert the node ACTIVE, or refresh it if the id is already there."""
-        values = self._node_values(host, capacity)
-        refreshed = conn.execute(
-            update(nodes).where(nodes.c.node_id == node_id).values(**values)
-        ).rowcount
-        if refreshed:
-            return
-        try:
-            with conn.begin_nested():
-                conn.execute(
-                    insert(nodes).values(node_id=node_id, created_time=self.now(), **values)
-                )
-        except IntegrityError:
-            conn.execute(update(nodes).where(nodes.c.node_id == node_id).values(**values))
-
-    def _node_values(self, host: str, capacity: int) -> dict[str, Any]:
-        return {
-            "host": host,
-            "capacity": capacity,
-            "status": NODE_ACTIVE,
-            "last_heartbeat": self.now(),
-            "current_load": 0,
-        }
-
-    def heartbeat(self, node_id: str, load: int) -> Update:
-        """Refresh the heartbeat; changes no row when the node was removed (then it must fence)."""
-        return (
-            update(nodes)
-            .where(nodes.c.node_id == node_id)
-            .values(last_heartbeat=self.now(), current_load=load, status=NODE_ACTIVE)
-        )
-
-    def set_node_capacity(self, node_id: str, capacity: int) -> Update:
-        return update(nodes).where(nodes.c.node_id == node_id).values(capacity=capacity)
-
-    def touch_node(self, node_id: str, load: int) -> Update:
-        """The first statement of a claim: the claiming node is still registered (exactly one
-        row changes) and stays so until the claim commits, because the row is now locked and a
-        sweeper's removal of it waits (or was seen)."""
-        return update(nodes).where(nodes.c.node_id == node_id).values(current_load=load)
-
-    def mark_unreachable(self, threshold_ms: int) -> Update:
-        return (
-            update(nodes)
-            .where(
-                nodes.c.status == NODE_ACTIVE,
-                self.older_than(nodes.c.last_heartbeat, threshold_ms),
-            )
-            .values(status=NODE_UNREACHABLE)
-        )
-
-    def mark_removing(self, threshold_ms: int) -> Update:
-        """Removal, first statement: lock the UNREACHABLE nodes silent past ``threshold_ms`` by
-        marking them REMOVING (a state no other transaction ever sees committed)."""
-        return (
-            update(nodes)
-            .where(
-                nodes.c.status == NODE_UNREACHABLE,
-                self.older_than(nodes.c.last_heartbeat, threshold_ms),
-            )
-            .values(status=NODE_REMOVING)
-        )
-
-    def lock_removing(self) -> Select[Any]:
-        """Removal, between :meth:`mark_removing` and :meth:`fence_partitions_of_removing`: the
-        REMOVING rows locked ``FOR UPDATE``. Marking them took a lock that a partition's final
-        write claiming the next one (``FOR KEY SHARE``: see :meth:`_claim_after`) does not wait
-        for, nor it for that; this one waits for such a write to commit, so the fencing UPDATE
-        after it (a statement of its own, which sees that commit) moves what it claimed too, and
-        a final write that comes later finds the row locked and claims nothing."""
-        return self.locked(select(nodes.c.node_id).where(nodes.c.status == NODE_REMOVING))
-
-    def lock_node(self, node_id: Any) -> Select[Any]:
-        """A node leaving, before :meth:`fence_claims_of`: its row locked ``FOR UPDATE``, for
-        the reason :meth:`lock_removing` gives."""
-        return self.locked(select(nodes.c.node_id).where(nodes.c.node_id == node_id))
-
-    def fence_partitions_of_removing(self) -> Update:
-        """Removal, second statement: every partition the removed nodes had CLAIMED moves to its
-        next attempt, in the removal's transaction. Its row lock makes the removal wait for a
-        chunk transaction of the removed node that holds it, or that transaction sees the new
-        attempt and rolls back: a removed node commits nothing more. Unclaimed partitions keep
-        their attempt (no claim commits once the node row is gone)."""
-        removing = select(nodes.c.node_id).where(nodes.c.status == NODE_REMOVING)
-        return (
-            update(partitions)
-            .where(
-                partitions.c.status == PARTITION_CLAIMED,
-                partitions.c.assigned_node.in_(removing.scalar_subquery()),
-            )
-            .values(attempt=partitions.c.attempt + 1, last_updated=self.now())
-        )
-
-    def fence_claims_of(self, node_id: str) -> Update:
-        """A node leaving the registry of its own accord (a graceful stop): what it still has
-        CLAIMED moves to its next attempt, in the transaction that deletes its row (its master
-        then moves it under a token this node never held)."""
-        return (
-            update(partitions)
-            .where(partitions.c.status == PARTITION_CLAIMED, partitions.c.assigned_node == node_id)
-            .values(attempt=partitions.c.attempt + 1, last_updated=self.now())
-        )
-
-    def delete_removing(self) -> Delete:
-        """Removal, last statement."""
-        return delete(nodes).where(nodes.c.status == NODE_REMOVING)
-
-    def deregister_node(self, node_id: str) -> Delete:
-        return delete(nodes).where(nodes.c.node_id == node_id)
-
-    def select_nodes(self, status: str | None = NODE_ACTIVE) -> Select[Any]:
-        stmt = select(
-            nodes.c.node_id,
-            nodes.c.host,
-            nodes.c.status,
-            nodes.c.current_load,
-            nodes.c.capacity,
-            nodes.c.created_time,
-            nodes.c.last_heartbeat,
-        ).order_by(nodes.c.node_id)
-        if status is not None:
-            stmt = stmt.where(nodes.c.status == status)
-        return stmt
-
-    def select_nodes_with_age(self) -> Select[Any]:
-        """Every node with the database clock beside it (heartbeat age is computed by the caller
-        from two values read from the same clock)."""
-        return self.select_nodes(None).add_columns(self.now().label("db_now"))
 
     # --- partitions -----------------------------------------------------------------------------
 
@@ -1186,51 +1049,6 @@ class QueryProvider(
             .order_by(partitions.c.step_execution_id)
         )
 
-    def select_stale_node(self, unreachable_ms: int, cleanup_ms: int) -> Select[Any]:
-        """Whether a sweep has anything to do (an ACTIVE node to mark, an UNREACHABLE one to
-        remove): one cheap read, so an idle cluster's sweeps cost one statement."""
-        return (
-            select(nodes.c.node_id)
-            .where(
-                or_(
-                    and_(
-                        nodes.c.status == NODE_ACTIVE,
-                        self.older_than(nodes.c.last_heartbeat, unreachable_ms),
-                    ),
-                    and_(
-                        nodes.c.status == NODE_UNREACHABLE,
-                        self.older_than(nodes.c.last_heartbeat, cleanup_ms),
-                    ),
-                )
-            )
-            .limit(1)
-        )
-
-    # --- wake-ups -------------------------------------------------------------------------------
-
-    def wake_channel(self, node_id: str) -> str:
-        """The notification channel a node listens on: an identifier derived from its id."""
-        import hashlib
-
-        return "dbcluster_" + hashlib.sha1(node_id.encode()).hexdigest()[:24]
-
-    def notify(self, channels: Any, payloads: Any = None) -> Any:
-        """One statement that wakes the listeners of every channel in ``channels`` (a parameter
-        made by :meth:`notify_parameter`) once its transaction commits (only where
-        :attr:`supports_listen_notify`); with ``payloads`` (a parameter of the same kind, one
-        text per channel, at most :attr:`notify_payload_max` bytes) each carries its own."""
-        raise NotImplementedError(f"{self.name} has no LISTEN/NOTIFY")
-
-    def notify_parameter(self, name: str) -> Any:
-        """The bound parameter :meth:`notify` takes its list of channels (or payloads) in."""
-        raise NotImplementedError(f"{self.name} has no LISTEN/NOTIFY")
-
-    def notify_from(self, source: Any, channel: Any, payload: Any) -> Select[Any] | None:
-        """A read that wakes ``channel`` with ``payload`` (expressions of ``source``, a
-        statement's new row) once per row of ``source``, for a statement that places one
-        partition as it creates its step execution; None where the database cannot."""
-        return None
-
     def together(self, write: Insert, then: Any) -> Any | None:
         """One statement that runs the INSERT ``write`` and the statement ``then`` (another
         INSERT, or a :meth:`notify`), taking the parameters of both, or None where the database
@@ -1238,11 +1056,6 @@ class QueryProvider(
         coordination row and its master history row, a placement's partitions and its wake-ups
         (sent at COMMIT) go in one round trip."""
         return None
-
-    def open_listener(self, engine: Engine, channel: str) -> Listener:
-        """A connection of its own listening on ``channel`` (only where
-        :attr:`supports_listen_notify`)."""
-        raise NotImplementedError(f"{self.name} has no LISTEN/NOTIFY")
 
     def select_pending_for_node(self, node_id: str, limit: int) -> Select[Any]:
         """The poll: this node's PENDING rows with what a claim needs, oldest first."""
@@ -1941,35 +1754,6 @@ class QueryProvider(
             ),
         )
         return counts
-
-    # --- leases (a maintenance task run by one node at a time) ------------------------------------
-
-    def take_lease(self, name: str, holder: str, term_ms: int) -> Update:
-        """Take or renew the lease ``name``: it changes the row when ``holder`` holds it, or its
-        holder has not renewed it for ``term_ms`` (exactly one contender wins: the row is
-        locked by the first UPDATE and the second sees it renewed)."""
-        leases = schema.leases
-        return (
-            update(leases)
-            .where(
-                leases.c.lease_name == name,
-                or_(leases.c.holder == holder, self.older_than(leases.c.renewed_at, term_ms)),
-            )
-            .values(holder=holder, renewed_at=self.now())
-        )
-
-    def select_lease(self, name: str) -> Select[Any]:
-        leases = schema.leases
-        return select(leases.c.holder, leases.c.renewed_at).where(leases.c.lease_name == name)
-
-    def insert_lease(self, name: str, holder: str) -> Insert:
-        """The lease's first row (a duplicate-key error when another node inserted it first)."""
-        return insert(schema.leases).values(lease_name=name, holder=holder, renewed_at=self.now())
-
-    def release_lease(self, name: str, holder: str) -> Delete:
-        """Give the lease up (its row goes; the next taker inserts it again)."""
-        leases = schema.leases
-        return delete(leases).where(leases.c.lease_name == name, leases.c.holder == holder)
 
     # --- helpers for subclasses -----------------------------------------------------------------
 
