@@ -31,9 +31,7 @@ from sqlalchemy import (
     exists,
     func,
     insert,
-    literal,
     literal_column,
-    or_,
     select,
     update,
 )
@@ -44,17 +42,18 @@ from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.types import TypeEngine
 
 from dbcluster import schema
+from dbcluster.dialects.claims import CLAIMED_JOB_PREFIX, ClaimStatements  # noqa: F401 - re-exported
 from dbcluster.dialects.ddl import DDLStatements
 from dbcluster.dialects.family import insert_from
 from dbcluster.dialects.leases import LeaseStatements
 from dbcluster.dialects.nodes import NodeStatements
+from dbcluster.dialects.partitions import PLACED_COLUMNS, PartitionStatements  # noqa: F401 - re-exported
 from dbcluster.dialects.provisioning import ScratchDatabases
 from dbcluster.dialects.wakeups import Listener, WakeUpStatements  # noqa: F401 - re-exported
 from dbcluster.schema import (
     job_coordination,
     job_masters,
     launch_requests,
-    nodes,
     partitions,
     schedule_fires,
 )
@@ -65,27 +64,11 @@ NODE_UNREACHABLE = "UNREACHABLE"
 #: Only ever inside a sweeper's removal transaction (never committed): marks the rows it deletes.
 NODE_REMOVING = "REMOVING"
 
-#: The prefix of the job execution's columns a claim reads back where it can (see
-#: ``QueryProvider._claimed_job``).
-CLAIMED_JOB_PREFIX = "j_"
-
 PARTITION_PENDING = "PENDING"
 PARTITION_CLAIMED = "CLAIMED"
 PARTITION_COMPLETED = "COMPLETED"
 PARTITION_FAILED = "FAILED"
 PARTITION_IN_FLIGHT = (PARTITION_PENDING, PARTITION_CLAIMED)
-#: The columns a placement gives each partition row it inserts (the others: see
-#: :meth:`QueryProvider.insert_partitions`).
-PLACED_COLUMNS = (
-    "step_execution_id",
-    "job_execution_id",
-    "master_step_execution_id",
-    "partition_name",
-    "assigned_node",
-    "transferable",
-    "max_attempts",
-    "trace_context",
-)
 
 
 def array_parameters(
@@ -140,6 +123,8 @@ class SessionLimits:
 
 class QueryProvider(
     NodeStatements,
+    PartitionStatements,
+    ClaimStatements,
     WakeUpStatements,
     LeaseStatements,
     DDLStatements,
@@ -538,337 +523,6 @@ class QueryProvider(
         (a missing system driver or package, an untrusted certificate); None for the rest."""
         return None
 
-    # --- partitions -----------------------------------------------------------------------------
-
-    def _placed_values(self) -> dict[str, Any]:
-        return {
-            "status": PARTITION_PENDING,
-            "attempt": 1,
-            "created_time": self.now(),
-            "last_updated": self.now(),
-        }
-
-    def insert_partitions(self) -> Insert:
-        """An executemany-able INSERT of PENDING partition rows; ``created_time`` and
-        ``last_updated`` come from the database clock."""
-        return insert(partitions).values(**self._placed_values())
-
-    def insert_partition_from(self, source: Any, step_execution_id: Any) -> Insert:
-        """One PENDING partition row as :meth:`insert_partitions` writes it, in the statement
-        that creates its step execution: ``step_execution_id`` an expression of ``source`` (that
-        statement's new row; see :func:`insert_from`), the other :data:`PLACED_COLUMNS` bound as
-        ``b_<column>``."""
-        values: dict[str, Any] = {
-            name: bindparam(f"b_{name}") for name in PLACED_COLUMNS if name != "step_execution_id"
-        }
-        values.update(step_execution_id=step_execution_id, **self._placed_values())
-        return insert_from(partitions, values, source)
-
-    def insert_partitions_from_arrays(self) -> Insert | None:
-        """:meth:`insert_partitions` as one statement for many rows, their
-        :data:`PLACED_COLUMNS` passed as arrays (:meth:`insert_from_arrays`), or None."""
-        values = {
-            name: value if isinstance(value, ColumnElement) else literal(value)
-            for name, value in self._placed_values().items()
-        }
-        return self.insert_from_arrays(partitions, PLACED_COLUMNS, values)
-
-    def _guarded(
-        self, step_execution_id: int, node_id: str, attempt: int, statuses: Iterable[str]
-    ) -> ColumnElement[bool]:
-        wanted = list(statuses)
-        # One status is an equality: an IN list is an "expanding" parameter, which SQLAlchemy
-        # renders anew on every execution (the fence runs in every partition transaction).
-        status = (
-            partitions.c.status == wanted[0]
-            if len(wanted) == 1
-            else partitions.c.status.in_(wanted)
-        )
-        return and_(
-            partitions.c.step_execution_id == step_execution_id,
-            partitions.c.assigned_node == node_id,
-            partitions.c.attempt == attempt,
-            status,
-        )
-
-    def claim_partition(self, step_execution_id: int, node_id: str, attempt: int) -> Update:
-        """PENDING -> CLAIMED for this node and attempt. The worker runs the partition only when
-        this changed exactly one row."""
-        return (
-            update(partitions)
-            .where(self._guarded(step_execution_id, node_id, attempt, [PARTITION_PENDING]))
-            .values(status=PARTITION_CLAIMED, last_updated=self.now())
-        )
-
-    def hold_partition(self, step_execution_id: int, node_id: str, attempt: int) -> Update:
-        """The fence of a partition's transaction: changes its row (its progress time) only while
-        this node holds this attempt CLAIMED. The worker requires exactly one row; the row lock
-        then lasts until its ``COMMIT``, so every transition that takes the partition away (which
-        all update this row) is serialized with it."""
-        return (
-            update(partitions)
-            .where(self._guarded(step_execution_id, node_id, attempt, [PARTITION_CLAIMED]))
-            .values(last_updated=self.now())
-        )
-
-    def finish_partition(
-        self, step_execution_id: int, node_id: str, attempt: int, status: str
-    ) -> Update:
-        """CLAIMED -> COMPLETED or FAILED, only while this node still holds this attempt."""
-        if status not in (PARTITION_COMPLETED, PARTITION_FAILED):
-            raise ValueError(f"a partition finishes COMPLETED or FAILED, not {status}")
-        return (
-            update(partitions)
-            .where(self._guarded(step_execution_id, node_id, attempt, [PARTITION_CLAIMED]))
-            .values(status=status, last_updated=self.now())
-        )
-
-    def release_partition(self, step_execution_id: int, node_id: str, attempt: int) -> Update:
-        """Hand back a claimed partition this node has not started (or stopped while leaving):
-        unassigned, next attempt, PENDING. The master places it anywhere (one that never ran,
-        transferable or not)."""
-        return (
-            update(partitions)
-            .where(self._guarded(step_execution_id, node_id, attempt, [PARTITION_CLAIMED]))
-            .values(
-                status=PARTITION_PENDING,
-                assigned_node=None,
-                attempt=partitions.c.attempt + 1,
-                last_updated=self.now(),
-            )
-        )
-
-    def release_pending_for_node(self, node_id: str) -> Update:
-        """Hand back every partition assigned to a leaving node that it has not claimed."""
-        return (
-            update(partitions)
-            .where(
-                partitions.c.assigned_node == node_id,
-                partitions.c.status == PARTITION_PENDING,
-            )
-            .values(
-                assigned_node=None,
-                attempt=partitions.c.attempt + 1,
-                last_updated=self.now(),
-            )
-        )
-
-    def reassign_partition(
-        self, step_execution_id: int, from_node: str | None, attempt: int, to_node: str
-    ) -> Update:
-        """Move an orphaned partition (its node removed, or handed back) to a live node, PENDING.
-
-        The attempt is not changed here: whatever took the partition from its last owner moved
-        it already (node removal fences a CLAIMED partition; a hand-back does), and an unclaimed
-        partition of a removed node can never be claimed by that node again. The row's
-        (node, attempt) pair, which every worker write is guarded by, changes all the same."""
-        owner = (
-            partitions.c.assigned_node.is_(None)
-            if from_node is None
-            else partitions.c.assigned_node == from_node
-        )
-        return (
-            update(partitions)
-            .where(
-                partitions.c.step_execution_id == step_execution_id,
-                owner,
-                partitions.c.attempt == attempt,
-                partitions.c.status.in_(PARTITION_IN_FLIGHT),
-            )
-            .values(status=PARTITION_PENDING, assigned_node=to_node, last_updated=self.now())
-        )
-
-    def fail_orphaned_partition(
-        self, step_execution_id: int, from_node: str | None, attempt: int
-    ) -> Update:
-        """A non-transferable partition whose node was lost after claiming it: FAILED."""
-        owner = (
-            partitions.c.assigned_node.is_(None)
-            if from_node is None
-            else partitions.c.assigned_node == from_node
-        )
-        return (
-            update(partitions)
-            .where(
-                partitions.c.step_execution_id == step_execution_id,
-                owner,
-                partitions.c.attempt == attempt,
-                partitions.c.status.in_(PARTITION_IN_FLIGHT),
-            )
-            .values(status=PARTITION_FAILED, last_updated=self.now())
-        )
-
-    def select_claimable(
-        self, node_id: Any, limit: int, steal_after_ms: int | None, unreachable_ms: int
-    ) -> Select[Any]:
-        """The poll: ids of PENDING partitions ``node_id`` may claim (and, second, each one's
-        job execution id), oldest first: its own, and
-        (unless ``steal_after_ms`` is None) any other node's that it has not claimed, at once
-        when that node has not heartbeaten for ``unreachable_ms`` (or is gone), else once placed
-        ``steal_after_ms`` ago. A PENDING partition never ran under its attempt, so whoever
-        claims it first runs it, transferable or not; handed-back ones (no node) are left to
-        their master."""
-        mine = partitions.c.assigned_node == node_id
-        claimable: ColumnElement[bool] = mine
-        if steal_after_ms is not None:
-            owner_alive = exists().where(
-                nodes.c.node_id == partitions.c.assigned_node,
-                nodes.c.status == NODE_ACTIVE,
-                ~self.older_than(nodes.c.last_heartbeat, unreachable_ms),
-            )
-            claimable = or_(
-                mine,
-                and_(
-                    partitions.c.assigned_node.is_not(None),
-                    or_(~owner_alive, self.older_than(partitions.c.last_updated, steal_after_ms)),
-                ),
-            )
-        return (
-            select(partitions.c.step_execution_id, partitions.c.job_execution_id)
-            .where(partitions.c.status == PARTITION_PENDING, claimable)
-            .order_by(partitions.c.step_execution_id)
-            .limit(limit)
-        )
-
-    def lock_claimable(self, step_execution_ids: Any, table: Any = partitions) -> Select[Any]:
-        """In a claim's transaction: those of the polled partitions still PENDING, locked where
-        the database can skip rows another claimer holds (SKIP LOCKED); elsewhere a plain read,
-        and the guarded claim that follows decides. ``table``: the partitions or an alias."""
-        p = table.c
-        stmt = select(p.step_execution_id).where(
-            p.step_execution_id.in_(step_execution_ids),
-            p.status == PARTITION_PENDING,
-            p.assigned_node.is_not(None),
-        )
-        if self.skip_locked():
-            return self.locked(stmt, skip_locked=True)
-        return stmt
-
-    def claim_partitions(self, node_id: Any, step_execution_ids: Any) -> Update:
-        """PENDING -> CLAIMED by ``node_id``, for many partitions at once (a stolen one changes
-        node and keeps its attempt: it never ran). Which ones it won is read back with
-        :meth:`select_claimed` in the same transaction."""
-        return self._claim(
-            node_id,
-            partitions.c.step_execution_id.in_(step_execution_ids),
-            partitions.c.status == PARTITION_PENDING,
-            # Handed back or put back for a retry: its master places it (after the backoff).
-            partitions.c.assigned_node.is_not(None),
-        )
-
-    def _claim(self, node_id: Any, *where: ColumnElement[bool], table: Any = partitions) -> Update:
-        return (
-            update(table)
-            .where(*where)
-            .values(status=PARTITION_CLAIMED, assigned_node=node_id, last_updated=self.now())
-        )
-
-    def start_claimed(self, node_id: Any, step_execution_ids: Any, started_at: Any) -> Update:
-        """In a claim's transaction, after :meth:`claim_partitions`: the step executions of the
-        partitions it won become STARTED (a retried or resumed one keeps its first start time),
-        so the worker writes no start of its own."""
-        se = schema.step_execution
-        won = exists().where(
-            partitions.c.step_execution_id == se.c.step_execution_id,
-            partitions.c.assigned_node == node_id,
-            partitions.c.status == PARTITION_CLAIMED,
-        )
-        return self._start(
-            se.c.step_execution_id.in_(step_execution_ids), won, started_at=started_at
-        )
-
-    @staticmethod
-    def _start(*where: ColumnElement[bool], started_at: Any, table: Any = None) -> Update:
-        se = schema.step_execution if table is None else table
-        return (
-            update(se)
-            .where(*where)
-            .values(
-                status=STEP_STARTED,
-                exit_code=STEP_EXECUTING,
-                exit_message="",
-                start_time=func.coalesce(se.c.start_time, started_at),
-                last_updated=started_at,
-                version=se.c.version + 1,
-            )
-        )
-
-    def claim_and_start(
-        self, node_id: Any, step_execution_ids: Any, started_at: Any, load: Any
-    ) -> Select[Any] | None:
-        """Where the database has writable CTEs and ``SKIP LOCKED`` (PostgreSQL: see
-        :mod:`dbcluster.dialects.postgresql_ctes`): a whole claim in one statement, which
-        commits on its own (one round trip, no ``BEGIN``): :meth:`touch_node`,
-        :meth:`lock_claimable`, :meth:`claim_partitions`, :meth:`start_claimed` and
-        :meth:`select_claimed`, taking their locks in that order; a step execution starts
-        exactly when its partition was claimed here. It gives one row per partition won, with
-        the columns of :meth:`select_claimed` and ``dbc_node``; one row whose ``p_id`` is NULL
-        when nothing was won; no row when the node is no longer registered (nothing was
-        claimed). Lock waits are bounded by the session (:meth:`session_engine_options`).
-        None: a transaction of five statements."""
-        return None
-
-    def claim_and_start_reading_jobs(
-        self, node_id: Any, step_execution_ids: Any, started_at: Any, load: Any
-    ) -> Select[Any] | None:
-        """:meth:`claim_and_start` whose rows also hold each partition's job execution and its
-        parameters (each column named :data:`CLAIMED_JOB_PREFIX` + the name a job execution's
-        read gives it, the parameters as one array per parameter column), where the database
-        can aggregate them into one row (:meth:`aggregate_parameters`); None where it cannot,
-        or where a provider has a claim of its own (then the claim is that one and the worker
-        reads the job)."""
-        return None
-
-    def aggregate_parameters(self, params: Any, order_by: Any) -> list[Any] | None:
-        """Aggregates of the ``params`` alias (of the job parameters table) over the rows of one
-        job execution: one per parameter column (``schema.PARAMETER_COLUMNS``), each an array
-        of that column's values in ``order_by``'s order, which the driver returns as a list of
-        Python values (no result processor); None where the database has none (PostgreSQL:
-        ``array_agg``)."""
-        return None
-
-    @staticmethod
-    def _claimed_columns(
-        claimed: Any, started: Any, coordination: Any = None, context: Any = None
-    ) -> list[Any]:
-        """What a claim reads back: of the partition (``claimed``: the table, or the rows a
-        claim returned), its worker step's name (from ``coordination``), its step execution
-        (``started``) and that execution's context (``context``: the table by default)."""
-        jc = job_coordination if coordination is None else coordination
-        sc = schema.step_execution_context if context is None else context
-        return [
-            claimed.c.step_execution_id.label("p_id"),
-            claimed.c.master_step_execution_id.label("p_master_id"),
-            claimed.c.partition_name.label("p_name"),
-            claimed.c.attempt.label("p_attempt"),
-            claimed.c.max_attempts.label("p_max_attempts"),
-            claimed.c.transferable.label("p_transferable"),
-            jc.c.worker_step_name.label("p_worker_step_name"),
-            *started.c,
-            sc.c.short_context,
-            sc.c.serialized_context,
-        ]
-
-    def select_claimed(self, node_id: Any, step_execution_ids: Any) -> Select[Any]:
-        """What the executor needs of the partitions a claim won, in one read: the partition,
-        its worker step's name, its step execution and that execution's context."""
-        se, sc = schema.step_execution, schema.step_execution_context
-        return (
-            select(*self._claimed_columns(partitions, se))
-            .join(
-                job_coordination,
-                job_coordination.c.job_execution_id == partitions.c.job_execution_id,
-            )
-            .join(se, se.c.step_execution_id == partitions.c.step_execution_id)
-            .outerjoin(sc, sc.c.step_execution_id == partitions.c.step_execution_id)
-            .where(
-                partitions.c.step_execution_id.in_(step_execution_ids),
-                partitions.c.assigned_node == node_id,
-                partitions.c.status == PARTITION_CLAIMED,
-            )
-            .order_by(partitions.c.step_execution_id)
-        )
-
     def together(self, write: Insert, then: Any) -> Any | None:
         """One statement that runs the INSERT ``write`` and the statement ``then`` (another
         INSERT, or a :meth:`notify`), taking the parameters of both, or None where the database
@@ -876,118 +530,6 @@ class QueryProvider(
         coordination row and its master history row, a placement's partitions and its wake-ups
         (sent at COMMIT) go in one round trip."""
         return None
-
-    def select_pending_for_node(self, node_id: str, limit: int) -> Select[Any]:
-        """The poll: this node's PENDING rows with what a claim needs, oldest first."""
-        return (
-            select(
-                partitions.c.step_execution_id,
-                partitions.c.job_execution_id,
-                partitions.c.master_step_execution_id,
-                partitions.c.partition_name,
-                partitions.c.attempt,
-                partitions.c.max_attempts,
-                partitions.c.transferable,
-                job_coordination.c.worker_step_name,
-            )
-            .join(
-                job_coordination,
-                job_coordination.c.job_execution_id == partitions.c.job_execution_id,
-            )
-            .where(
-                partitions.c.assigned_node == node_id,
-                partitions.c.status == PARTITION_PENDING,
-            )
-            .order_by(partitions.c.step_execution_id)
-            .limit(limit)
-        )
-
-    def select_orphaned_partitions(self, master_step_execution_id: int) -> Select[Any]:
-        """In-flight partitions of one master step whose node is gone (or that were handed
-        back and so have no node)."""
-        return (
-            select(
-                partitions.c.step_execution_id,
-                partitions.c.partition_name,
-                partitions.c.assigned_node,
-                partitions.c.attempt,
-                partitions.c.status,
-                partitions.c.transferable,
-                partitions.c.retried_at,
-                self.now().label("db_now"),
-            )
-            .where(
-                partitions.c.master_step_execution_id == master_step_execution_id,
-                partitions.c.status.in_(PARTITION_IN_FLIGHT),
-                or_(
-                    partitions.c.assigned_node.is_(None),
-                    self._node_gone(partitions.c.assigned_node),
-                ),
-            )
-            .order_by(partitions.c.step_execution_id)
-        )
-
-    def retry_partition(self, step_execution_id: int, node_id: str, attempt: int) -> Update:
-        """A failed try of a transferable partition, in its final transaction: back to PENDING,
-        unassigned, next attempt, stamped with the time (its master places it again after its
-        backoff). Guarded like :meth:`finish_partition`."""
-        return (
-            update(partitions)
-            .where(self._guarded(step_execution_id, node_id, attempt, [PARTITION_CLAIMED]))
-            .values(
-                status=PARTITION_PENDING,
-                assigned_node=None,
-                attempt=partitions.c.attempt + 1,
-                retried_at=self.now(),
-                last_updated=self.now(),
-            )
-        )
-
-    def select_stalled(self, master_step_execution_id: int, timeout_ms: int) -> Select[Any]:
-        """CLAIMED partitions of one master step whose progress (claim, or last committed chunk)
-        is older than ``timeout_ms``."""
-        return (
-            select(
-                partitions.c.step_execution_id,
-                partitions.c.partition_name,
-                partitions.c.assigned_node,
-                partitions.c.attempt,
-                partitions.c.max_attempts,
-                partitions.c.transferable,
-            )
-            .where(
-                partitions.c.master_step_execution_id == master_step_execution_id,
-                partitions.c.status == PARTITION_CLAIMED,
-                self.older_than(partitions.c.last_updated, timeout_ms),
-            )
-            .order_by(partitions.c.step_execution_id)
-        )
-
-    def time_out_partition(
-        self,
-        step_execution_id: int,
-        node_id: str,
-        attempt: int,
-        timeout_ms: int,
-        *,
-        retry: bool,
-    ) -> Update:
-        """Fence a stalled partition: its attempt moves (its node commits nothing more for it);
-        then PENDING and unassigned to be tried again, or FAILED. Guarded on its holder and on
-        its progress still being older than the timeout (a chunk that just committed wins)."""
-        values: dict[str, Any] = {"attempt": partitions.c.attempt + 1, "last_updated": self.now()}
-        if retry:
-            values.update(status=PARTITION_PENDING, assigned_node=None, retried_at=self.now())
-        else:
-            values.update(status=PARTITION_FAILED)
-        return (
-            update(partitions)
-            .where(
-                self._guarded(step_execution_id, node_id, attempt, [PARTITION_CLAIMED]),
-                self.older_than(partitions.c.last_updated, timeout_ms),
-            )
-            .values(**values)
-        )
 
     def insert_master(
         self,
@@ -1010,31 +552,6 @@ class QueryProvider(
                 "since": self.now(),
             },
             source,
-        )
-
-    def select_partition_counts(self, master_step_execution_id: int) -> Select[Any]:
-        from sqlalchemy import func
-
-        return (
-            select(partitions.c.status, func.count().label("n"))
-            .where(partitions.c.master_step_execution_id == master_step_execution_id)
-            .group_by(partitions.c.status)
-        )
-
-    def select_in_flight_count(self, job_execution_id: int) -> Select[Any]:
-        """How many partitions of a job execution are PENDING or CLAIMED."""
-        from sqlalchemy import func
-
-        return select(func.count()).where(
-            partitions.c.job_execution_id == job_execution_id,
-            partitions.c.status.in_(PARTITION_IN_FLIGHT),
-        )
-
-    def select_partitions(self, master_step_execution_id: int) -> Select[Any]:
-        return (
-            select(partitions)
-            .where(partitions.c.master_step_execution_id == master_step_execution_id)
-            .order_by(partitions.c.step_execution_id)
         )
 
     # --- job coordination -----------------------------------------------------------------------
@@ -1143,35 +660,6 @@ class QueryProvider(
             .values(status=to_status, updated_time=self.now())
         )
 
-    def fail_job_partitions(
-        self, job_execution_id: int, step_execution_ids: Sequence[int] | None = None
-    ) -> Update:
-        """Every in-flight partition of a job execution (or those of ``step_execution_ids``):
-        FAILED (its master was lost). A worker still running one then finds its fence broken
-        and commits nothing more."""
-        where = [
-            partitions.c.job_execution_id == job_execution_id,
-            partitions.c.status.in_(PARTITION_IN_FLIGHT),
-        ]
-        if step_execution_ids is not None:
-            where.append(partitions.c.step_execution_id.in_(list(step_execution_ids)))
-        return (
-            update(partitions)
-            .where(*where)
-            .values(status=PARTITION_FAILED, last_updated=self.now())
-        )
-
-    def select_in_flight_partition_ids(self, job_execution_id: int) -> Select[Any]:
-        """The ids of a job execution's PENDING and CLAIMED partitions."""
-        return (
-            select(partitions.c.step_execution_id)
-            .where(
-                partitions.c.job_execution_id == job_execution_id,
-                partitions.c.status.in_(PARTITION_IN_FLIGHT),
-            )
-            .order_by(partitions.c.step_execution_id)
-        )
-
     def select_stranded_masters(self) -> Select[Any]:
         """Coordination rows in flight whose master node is gone from the registry."""
         return self._select_coordination(
@@ -1246,38 +734,6 @@ class QueryProvider(
         return select(je.c.job_execution_id).where(
             je.c.job_execution_id.in_(bindparam("ids", expanding=True)),
             je.c.status == JOB_STOPPING,
-        )
-
-    def select_pending_partition_ids(self, master_step_execution_id: int) -> Select[Any]:
-        """The ids of a partitioned step's partitions no node has claimed."""
-        return (
-            select(partitions.c.step_execution_id)
-            .where(
-                partitions.c.master_step_execution_id == master_step_execution_id,
-                partitions.c.status == PARTITION_PENDING,
-            )
-            .order_by(partitions.c.step_execution_id)
-        )
-
-    def select_partition_ids_in(
-        self, step_execution_ids: Sequence[int], status: str
-    ) -> Select[Any]:
-        """Which of these partitions have ``status``."""
-        return select(partitions.c.step_execution_id).where(
-            partitions.c.step_execution_id.in_(list(step_execution_ids)),
-            partitions.c.status == status,
-        )
-
-    def stop_pending_partitions(self, step_execution_ids: Sequence[int]) -> Update:
-        """Partitions of a stopping job that were never claimed end (FAILED, their step
-        executions STOPPED in the same transaction): a claim racing this finds them gone."""
-        return (
-            update(partitions)
-            .where(
-                partitions.c.step_execution_id.in_(list(step_execution_ids)),
-                partitions.c.status == PARTITION_PENDING,
-            )
-            .values(status=PARTITION_FAILED, last_updated=self.now())
         )
 
     # --- launch requests and schedules -----------------------------------------------------------

@@ -17,7 +17,8 @@ from typing import Any, ClassVar
 from sqlalchemy import Select, Update, bindparam, exists, func, literal_column, select, true
 
 from dbcluster import schema
-from dbcluster.dialects.base import CLAIMED_JOB_PREFIX, QueryProvider
+from dbcluster.dialects.base import QueryProvider
+from dbcluster.dialects.claims import CLAIMED_JOB_PREFIX
 from dbcluster.schema import job_coordination, nodes, partitions
 
 
