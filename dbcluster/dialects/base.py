@@ -1,9 +1,27 @@
-"""The query provider contract and everything portable about it.
+"""The query provider contract: the core every provider has, composed with its statement families.
 
 A provider says how one database expresses each coordination statement; it holds no coordination
-logic. Everything expressible in portable SQLAlchemy Core lives here, once. A subclass overrides
-only what its database does differently: the clock, "older than N ms", column types, an upsert,
-which driver errors are transient, and capability flags.
+logic. :class:`QueryProvider` is the portable provider. Its own body, here, is the core: the
+capability flags, the database clock, column types, engine and session set-up, and which errors
+are transient or read-only. Every statement it inherits from a statement family, written once in
+portable SQLAlchemy Core, one module each:
+
+- :mod:`~dbcluster.dialects.nodes`: the node registry (registration, heartbeats, sweeps);
+- :mod:`~dbcluster.dialects.partitions`: placement, a worker's guarded transitions, the
+  master's monitor;
+- :mod:`~dbcluster.dialects.claims`: the poll and the claim;
+- :mod:`~dbcluster.dialects.coordination`: mastership, stranded masters, the stop request;
+- :mod:`~dbcluster.dialects.launches`: submitted launches and schedules;
+- :mod:`~dbcluster.dialects.wakeups`: LISTEN/NOTIFY wake-ups;
+- :mod:`~dbcluster.dialects.pruning`, :mod:`~dbcluster.dialects.leases`;
+- :mod:`~dbcluster.dialects.fastpaths`: several writes in one statement, where a database can;
+- :mod:`~dbcluster.dialects.ddl`: DDL and migrations;
+- :mod:`~dbcluster.dialects.provisioning`: scratch databases;
+- :mod:`~dbcluster.dialects.family`: what the families share (the locking read among it).
+
+A subclass overrides only what its database does differently, one method at a time, wherever the
+method is written (``docs/PROVIDERS.md`` lists the hooks per family). PostgreSQL's one-statement
+claim and final writes are not portable: they are in :mod:`~dbcluster.dialects.postgresql_ctes`.
 
 Statement builders return SQLAlchemy executables with bound parameters; the caller executes them
 and judges the row count.
@@ -11,52 +29,35 @@ and judges the row count.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ClassVar
 
-from sqlalchemy import (
-    DateTime,
-    Delete,
-    Engine,
-    Insert,
-    Select,
-    String,
-    Table,
-    Update,
-    and_,
-    bindparam,
-    delete,
-    exists,
-    func,
-    insert,
-    literal_column,
-    select,
-    update,
-)
+from sqlalchemy import DateTime, Delete, Engine, Select, String, Update, literal_column, select
 from sqlalchemy.engine import Dialect
 from sqlalchemy.engine.default import DefaultDialect
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.types import TypeEngine
 
-from dbcluster import schema
-from dbcluster.dialects.claims import CLAIMED_JOB_PREFIX, ClaimStatements  # noqa: F401 - re-exported
+# The statement families QueryProvider is composed of. An ``X as X`` import: a name a family
+# defines that callers import from this module.
+from dbcluster.dialects.claims import CLAIMED_JOB_PREFIX as CLAIMED_JOB_PREFIX
+from dbcluster.dialects.claims import ClaimStatements
+from dbcluster.dialects.coordination import CoordinationStatements
 from dbcluster.dialects.ddl import DDLStatements
-from dbcluster.dialects.family import insert_from
+from dbcluster.dialects.family import insert_from as insert_from
+from dbcluster.dialects.fastpaths import FastPathStatements
+from dbcluster.dialects.fastpaths import array_parameters as array_parameters
+from dbcluster.dialects.launches import LaunchStatements
 from dbcluster.dialects.leases import LeaseStatements
 from dbcluster.dialects.nodes import NodeStatements
-from dbcluster.dialects.partitions import PLACED_COLUMNS, PartitionStatements  # noqa: F401 - re-exported
+from dbcluster.dialects.partitions import PLACED_COLUMNS as PLACED_COLUMNS
+from dbcluster.dialects.partitions import PartitionStatements
 from dbcluster.dialects.provisioning import ScratchDatabases
-from dbcluster.dialects.wakeups import Listener, WakeUpStatements  # noqa: F401 - re-exported
-from dbcluster.schema import (
-    job_coordination,
-    job_masters,
-    launch_requests,
-    partitions,
-    schedule_fires,
-)
+from dbcluster.dialects.pruning import PruningStatements
+from dbcluster.dialects.wakeups import Listener as Listener
+from dbcluster.dialects.wakeups import WakeUpStatements
 
 # Statuses are plain strings in the database; these are the only spellings.
 NODE_ACTIVE = "ACTIVE"
@@ -69,14 +70,6 @@ PARTITION_CLAIMED = "CLAIMED"
 PARTITION_COMPLETED = "COMPLETED"
 PARTITION_FAILED = "FAILED"
 PARTITION_IN_FLIGHT = (PARTITION_PENDING, PARTITION_CLAIMED)
-
-
-def array_parameters(
-    rows: Sequence[Mapping[str, Any]], columns: Sequence[str]
-) -> dict[str, list[Any]]:
-    """Rows as the parameters of an :meth:`QueryProvider.insert_from_arrays` statement: one list
-    per column, named ``a_<column>`` (a column a row leaves out is None there)."""
-    return {f"a_{name}": [row.get(name) for row in rows] for name in columns}
 
 
 # Job execution statuses the stop request reads and writes (BatchStatus values; the provider
@@ -125,12 +118,17 @@ class QueryProvider(
     NodeStatements,
     PartitionStatements,
     ClaimStatements,
+    CoordinationStatements,
+    LaunchStatements,
     WakeUpStatements,
+    PruningStatements,
     LeaseStatements,
+    FastPathStatements,
     DDLStatements,
     ScratchDatabases,
 ):
-    """The portable provider. Subclasses set the class attributes and override what differs."""
+    """The portable provider: the core below, and every statement from its families (see the
+    module's doc). Subclasses set the class attributes and override what differs."""
 
     #: The name users type: ``dbcluster ddl --dialect NAME``.
     name: ClassVar[str] = ""
@@ -316,6 +314,12 @@ class QueryProvider(
     def select_now(self) -> Select[Any]:
         return select(self.now().label("now"))
 
+    @staticmethod
+    def _clock(sql: str) -> ColumnElement[datetime]:
+        """A constant clock expression (no user data in it) typed as a timestamp: what a
+        subclass's :meth:`now` returns."""
+        return literal_column(sql, type_=DateTime())
+
     # --- engine set-up --------------------------------------------------------------------------
 
     def engine_options(self) -> dict[str, Any]:
@@ -341,97 +345,6 @@ class QueryProvider(
         read then costs one (no ``BEGIN``, no ``ROLLBACK``). Default: none."""
         return {}
 
-    def update_step_and_context(
-        self, step_update: Update, context_update: Update, context_values: Mapping[str, Any]
-    ) -> Update | None:
-        """One statement doing both of a step's per-chunk writes, where the database can: it
-        changes both rows or neither, so a row count of 0 says it was refused. ``step_update``
-        is the guarded UPDATE of the step execution row; ``context_update`` the UPDATE of its
-        context row (the two share their bind parameters: ``b_id`` names the step execution in
-        both) and ``context_values`` its SET clause. With :attr:`supports_multi_table_update`
-        one UPDATE joins both rows (2 rows matched with ``CLIENT_FOUND_ROWS``, which
-        SQLAlchemy's MySQL drivers set; 1 or 2 changed without it, as the context may be
-        unchanged); with :attr:`supports_writable_cte` (PostgreSQL: see
-        :mod:`dbcluster.dialects.postgresql_ctes`) the context update runs in a ``WITH`` and
-        the step's row is updated only if it did (1 row). None: two statements."""
-        if self.supports_multi_table_update:
-            se, sc = schema.step_execution, schema.step_execution_context
-            return step_update.where(sc.c.step_execution_id == se.c.step_execution_id).values(
-                {sc.c[name]: value for name, value in context_values.items()}
-            )
-        return None
-
-    def fold_guard(
-        self,
-        guard: Update,
-        step_update: Update,
-        context_update: Update | None = None,
-        *,
-        claim_next: bool = False,
-    ) -> Select[Any] | None:
-        """Where :attr:`supports_writable_cte` (PostgreSQL: see
-        :mod:`dbcluster.dialects.postgresql_ctes`): a step's final write and the guarded UPDATE
-        of its owner row (``guard``, e.g. a partition's finish) as one statement, in the lock
-        order of the transaction it replaces: the guard's row first; then the context row (when
-        ``context_update`` is given) and the step execution row, each written only if the one
-        before changed. It answers one row: ``guarded`` (rows the guard changed: 1 or 0) and
-        ``written`` (step execution rows written: 1, or 0 when the guard refused or the version
-        was stale). The three share their bind parameters (``b_id`` names the step execution).
-        With ``claim_next``, the same statement then claims one more partition for the node
-        (parameters ``n_id``, ``n_node``, ``n_started_at``), and the row carries what it won
-        (``p_id`` NULL when nothing was won). None: the guard and the write are statements of
-        their own."""
-        return None
-
-    def insert_unless_present(self, table: Table, key: Sequence[str]) -> Insert | None:
-        """An INSERT into ``table`` (values to be given) that inserts nothing, without an error
-        and without ending the transaction, where a row with the same ``key`` columns (a unique
-        key) exists or is being committed (it waits for that one's outcome, as a plain INSERT's
-        unique check does), usable as a CTE. A first launch then creates its instance without
-        reading first whether it exists. None: the database has no such statement (the caller
-        reads first)."""
-        return None
-
-    def insert_child_row(
-        self, parent: Insert, parent_key: Any, child: Table, child_columns: Sequence[str]
-    ) -> Select[Any] | None:
-        """Where :attr:`supports_writable_cte`: one statement that inserts ``parent`` (one row)
-        and the row of ``child`` that belongs to it, whose first column of ``child_columns``
-        takes the parent's new ``parent_key`` and the others the bound parameters of their
-        names; it returns that key. A step execution and its context in one round trip. None:
-        the caller runs the two INSERTs."""
-        return self.insert_with_children(parent, parent_key, [(child, child_columns, ())])
-
-    def insert_with_children(
-        self,
-        parent: Insert,
-        parent_key: Any,
-        children: Sequence[tuple[Table, Sequence[str], Sequence[str]]],
-    ) -> Select[Any] | None:
-        """Where :attr:`supports_writable_cte` (and, for array columns,
-        :attr:`supports_array_insert`): one statement that inserts ``parent`` (one row) and,
-        for each ``(child, columns, arrays)``, the rows of ``child`` that belong to it. Their
-        first column of ``columns`` takes the parent's new ``parent_key``, the others the bound
-        parameters of their names (the same in every row); each column of ``arrays`` takes one
-        element of the array parameter ``a_<column>``, a row per element (no row for empty
-        arrays; without arrays, one row). It returns that key. A job execution, its context and
-        its parameters in one round trip. None: the caller runs the INSERTs."""
-        return None
-
-    def insert_from_arrays(
-        self,
-        table: Table,
-        columns: Sequence[str],
-        values: Mapping[str, Any] | None = None,
-    ) -> Insert | None:
-        """Where :attr:`supports_array_insert`: an INSERT of many rows whose every column in
-        ``columns`` is one array parameter named ``a_<column>`` (the rows pass as a list per
-        column), plus ``values``, expressions the same for every row. One short statement for
-        any number of rows: no text of thousands of placeholders for the driver to parse on
-        each execution, as an executemany folded into multi-row VALUES has. None: the caller
-        runs an executemany."""
-        return None
-
     def in_transaction(self, dbapi_connection: Any) -> bool | None:
         """Whether the driver connection has a transaction open, where the driver knows it
         without a round trip (None: unknown). A pooled connection coming back with none open is
@@ -442,6 +355,8 @@ class QueryProvider(
         """The engine's database lives only inside that engine (an in-memory database): a second
         engine would see another, empty database."""
         return False
+
+    # --- sessions -------------------------------------------------------------------------------
 
     #: The :class:`SessionLimits` of the engine this provider serves (set by ``make_engine``).
     limits: SessionLimits | None = None
@@ -493,7 +408,7 @@ class QueryProvider(
         the engine was made with :meth:`autocommit_engine_options` and must not begin
         transactions of its own."""
 
-    # --- transient errors -----------------------------------------------------------------------
+    # --- errors ---------------------------------------------------------------------------------
 
     def is_transient(self, error: BaseException) -> bool:
         """Whether repeating the statement may succeed: deadlock, serialization failure, lock
@@ -522,521 +437,6 @@ class QueryProvider(
         """One line naming the fix for a connect failure the user must mend outside dbcluster
         (a missing system driver or package, an untrusted certificate); None for the rest."""
         return None
-
-    def together(self, write: Insert, then: Any) -> Any | None:
-        """One statement that runs the INSERT ``write`` and the statement ``then`` (another
-        INSERT, or a :meth:`notify`), taking the parameters of both, or None where the database
-        cannot (then they are two). Neither may need to see the other's rows: a launch's
-        coordination row and its master history row, a placement's partitions and its wake-ups
-        (sent at COMMIT) go in one round trip."""
-        return None
-
-    def insert_master(
-        self,
-        job_execution_id: Any,
-        epoch: int,
-        master_node: Any,
-        reason: str,
-        *,
-        source: Any | None = None,
-    ) -> Insert:
-        """One row of a job execution's master history (``source``: see
-        :func:`insert_from`)."""
-        return insert_from(
-            job_masters,
-            {
-                "job_execution_id": job_execution_id,
-                "master_epoch": epoch,
-                "master_node": master_node,
-                "reason": reason,
-                "since": self.now(),
-            },
-            source,
-        )
-
-    # --- job coordination -----------------------------------------------------------------------
-
-    def insert_coordination(
-        self,
-        job_execution_id: Any,
-        master_node: Any,
-        status: str = COORD_CREATED,
-        master_step_execution_id: Any = 0,
-        worker_step_name: Any = "-",
-        *,
-        source: Any | None = None,
-    ) -> Insert:
-        """The row that makes a node the master of an execution, epoch 1. Written in the
-        transaction that creates the execution, so no execution exists without an owner.
-        ``source``: see :func:`insert_from`."""
-        return insert_from(
-            job_coordination,
-            {
-                "job_execution_id": job_execution_id,
-                "master_node": master_node,
-                "master_epoch": 1,
-                "master_step_execution_id": master_step_execution_id,
-                "worker_step_name": worker_step_name,
-                "status": status,
-                "created_time": self.now(),
-                "updated_time": self.now(),
-            },
-            source,
-        )
-
-    def _mastership(
-        self, job_execution_id: int, master_node: str, epoch: int, statuses: Iterable[str]
-    ) -> ColumnElement[bool]:
-        return and_(
-            job_coordination.c.job_execution_id == job_execution_id,
-            job_coordination.c.master_node == master_node,
-            job_coordination.c.master_epoch == epoch,
-            job_coordination.c.status.in_(list(statuses)),
-        )
-
-    def hold_mastership(
-        self,
-        job_execution_id: int,
-        master_node: str,
-        epoch: int,
-        statuses: Sequence[str] = COORD_MASTERED,
-    ) -> Update:
-        """The fence of a master's transaction (a job write, a step it runs itself, a placement,
-        a reassignment): changes the coordination row only while this node is still the master
-        of this epoch and the job is in flight. The master requires exactly one row; the lock
-        then lasts until its ``COMMIT``, so a takeover or an abandonment (which update this row)
-        is serialized with it."""
-        return (
-            update(job_coordination)
-            .where(self._mastership(job_execution_id, master_node, epoch, statuses))
-            .values(updated_time=self.now())
-        )
-
-    def place_coordination(
-        self,
-        job_execution_id: int,
-        master_node: str,
-        epoch: int,
-        master_step_execution_id: int,
-        worker_step_name: str,
-    ) -> Update:
-        """Point the master's coordination row at the partitioned step it is placing (STARTED),
-        under the same guard as :meth:`hold_mastership`."""
-        return (
-            update(job_coordination)
-            .where(self._mastership(job_execution_id, master_node, epoch, COORD_MASTERED))
-            .values(
-                master_step_execution_id=master_step_execution_id,
-                worker_step_name=worker_step_name,
-                status=COORD_STARTED,
-                updated_time=self.now(),
-            )
-        )
-
-    def finish_mastership(
-        self, job_execution_id: int, master_node: str, epoch: int, status: str
-    ) -> Update:
-        """Close the coordination row (COMPLETED or FAILED) in the job's final transaction, under
-        the mastership guard."""
-        return (
-            update(job_coordination)
-            .where(self._mastership(job_execution_id, master_node, epoch, COORD_MASTERED))
-            .values(status=status, updated_time=self.now())
-        )
-
-    def set_coordination_status(
-        self,
-        job_execution_id: int,
-        master_node: str,
-        epoch: int,
-        from_statuses: Sequence[str],
-        to_status: str,
-    ) -> Update:
-        """Guarded on the master (and epoch) that owns the row, so one that lost it changes
-        nothing."""
-        return (
-            update(job_coordination)
-            .where(self._mastership(job_execution_id, master_node, epoch, from_statuses))
-            .values(status=to_status, updated_time=self.now())
-        )
-
-    def select_stranded_masters(self) -> Select[Any]:
-        """Coordination rows in flight whose master node is gone from the registry."""
-        return self._select_coordination(
-            job_coordination.c.status.in_(COORD_IN_FLIGHT),
-            self._node_gone(job_coordination.c.master_node),
-        )
-
-    def select_recovering_owned_by(self, node_id: str) -> Select[Any]:
-        """Recoveries this node claimed but did not finish (it is alive, so no one else will)."""
-        return self._select_coordination(
-            job_coordination.c.status == COORD_RECOVERING,
-            job_coordination.c.master_node == node_id,
-        )
-
-    @staticmethod
-    def _select_coordination(*where: ColumnElement[bool]) -> Select[Any]:
-        return (
-            select(
-                job_coordination.c.job_execution_id,
-                job_coordination.c.master_node,
-                job_coordination.c.master_epoch,
-                job_coordination.c.master_step_execution_id,
-                job_coordination.c.status,
-            )
-            .where(*where)
-            .order_by(job_coordination.c.job_execution_id)
-        )
-
-    def claim_stranded_master(
-        self, job_execution_id: int, lost_master: str, epoch: int, status: str, new_owner: str
-    ) -> Update:
-        """Exactly one survivor wins: the row still names the lost master, epoch and status
-        read. The winner owns it RECOVERING under the next epoch, so anything the lost master
-        still tries under its own epoch changes nothing."""
-        return (
-            update(job_coordination)
-            .where(
-                job_coordination.c.job_execution_id == job_execution_id,
-                job_coordination.c.master_node == lost_master,
-                job_coordination.c.master_epoch == epoch,
-                job_coordination.c.status == status,
-            )
-            .values(
-                status=COORD_RECOVERING,
-                master_node=new_owner,
-                master_epoch=job_coordination.c.master_epoch + 1,
-                updated_time=self.now(),
-            )
-        )
-
-    # --- stopping a job (dbcluster.cluster.stopping) -------------------------------------------
-
-    def request_stop(self, job_execution_id: int, now: datetime) -> Update:
-        """The durable stop request: a running job execution becomes STOPPING (from STARTING or
-        STARTED only; the caller judges a row count of 0). Its version is left alone: the
-        request is a flag every owner of the row honours, not a write that fences them (the
-        master's own writes keep STOPPING, see the job repository)."""
-        je = schema.job_execution
-        return (
-            update(je)
-            .where(
-                je.c.job_execution_id == job_execution_id,
-                je.c.status.in_((JOB_STARTING, JOB_STARTED)),
-            )
-            .values(status=JOB_STOPPING, last_updated=now)
-        )
-
-    def select_stopping(self) -> Select[Any]:
-        """Which of the job executions in the expanding parameter ``ids`` are STOPPING (a
-        node's periodic check for the jobs it runs partitions of or masters)."""
-        je = schema.job_execution
-        return select(je.c.job_execution_id).where(
-            je.c.job_execution_id.in_(bindparam("ids", expanding=True)),
-            je.c.status == JOB_STOPPING,
-        )
-
-    # --- launch requests and schedules -----------------------------------------------------------
-
-    def insert_launch_request(self) -> Insert:
-        """A PENDING launch request (bound ``job_name``, ``parameters``, ``next_run``)."""
-        return insert(launch_requests).values(
-            job_name=bindparam("b_job"),
-            parameters=bindparam("b_params"),
-            next_run=bindparam("b_next"),
-            status=LAUNCH_PENDING,
-            created_time=self.now(),
-        )
-
-    def select_pending_launches(self, job_names: Any, limit: int) -> Select[Any]:
-        """The accepting node's poll: ids of PENDING requests for jobs it knows, oldest first."""
-        return (
-            select(launch_requests.c.request_id)
-            .where(
-                launch_requests.c.status == LAUNCH_PENDING,
-                launch_requests.c.job_name.in_(job_names),
-            )
-            .order_by(launch_requests.c.request_id)
-            .limit(limit)
-        )
-
-    def lock_pending_launches(self, request_ids: Any) -> Select[Any]:
-        """In a claim's transaction: the polled requests still PENDING, locked where the database
-        can skip rows another claimer holds (else a plain read; the guarded claim decides)."""
-        stmt = select(launch_requests.c.request_id).where(
-            launch_requests.c.request_id.in_(request_ids),
-            launch_requests.c.status == LAUNCH_PENDING,
-        )
-        if self.skip_locked():
-            return self.locked(stmt, skip_locked=True)
-        return stmt
-
-    def claim_launches(self, node_id: Any, request_ids: Any) -> Update:
-        """PENDING -> CLAIMED by ``node_id``: a request changes state once, so one node wins it."""
-        return (
-            update(launch_requests)
-            .where(
-                launch_requests.c.request_id.in_(request_ids),
-                launch_requests.c.status == LAUNCH_PENDING,
-            )
-            .values(status=LAUNCH_CLAIMED, claimed_by=node_id, claimed_time=self.now())
-        )
-
-    def select_claimed_launches(self, node_id: Any, request_ids: Any) -> Select[Any]:
-        """What a claim won (read back in its transaction)."""
-        return (
-            select(
-                launch_requests.c.request_id,
-                launch_requests.c.job_name,
-                launch_requests.c.parameters,
-                launch_requests.c.next_run,
-            )
-            .where(
-                launch_requests.c.request_id.in_(request_ids),
-                launch_requests.c.claimed_by == node_id,
-                launch_requests.c.status == LAUNCH_CLAIMED,
-            )
-            .order_by(launch_requests.c.request_id)
-        )
-
-    def end_launch(self, request_id: Any, node_id: Any, status: str) -> Update:
-        """CLAIMED by ``node_id`` -> LAUNCHED (bound ``b_execution``, in the execution's creating
-        transaction) or FAILED (bound ``b_error``); no row changes when the claim was lost."""
-        values: dict[str, Any] = {"status": status}
-        if status == LAUNCH_LAUNCHED:
-            values["job_execution_id"] = bindparam("b_execution")
-        else:
-            values["error_message"] = bindparam("b_error")
-        return (
-            update(launch_requests)
-            .where(
-                launch_requests.c.request_id == request_id,
-                launch_requests.c.claimed_by == node_id,
-                launch_requests.c.status == LAUNCH_CLAIMED,
-            )
-            .values(**values)
-        )
-
-    def release_lost_launches(self) -> Update:
-        """CLAIMED requests whose node is gone from the registry go back to PENDING: their claimer
-        died before creating the execution (creating it marks the request LAUNCHED)."""
-        return (
-            update(launch_requests)
-            .where(
-                launch_requests.c.status == LAUNCH_CLAIMED,
-                self._node_gone(launch_requests.c.claimed_by),
-            )
-            .values(status=LAUNCH_PENDING, claimed_by=None, claimed_time=None)
-        )
-
-    def select_lost_launch(self) -> Select[Any]:
-        """Whether any request is CLAIMED by a node gone from the registry (one cheap read)."""
-        return (
-            select(launch_requests.c.request_id)
-            .where(
-                launch_requests.c.status == LAUNCH_CLAIMED,
-                self._node_gone(launch_requests.c.claimed_by),
-            )
-            .limit(1)
-        )
-
-    def select_launch_request(self, request_id: Any) -> Select[Any]:
-        return select(launch_requests).where(launch_requests.c.request_id == request_id)
-
-    def insert_schedule_fire(self) -> Insert:
-        """A tick's fire (bound ``b_name``, ``b_time``, ``b_request``, ``b_node``): its primary
-        key (schedule, tick) lets one insert in the whole cluster succeed."""
-        return insert(schedule_fires).values(
-            schedule_name=bindparam("b_name"),
-            fire_time=bindparam("b_time"),
-            request_id=bindparam("b_request"),
-            fired_by=bindparam("b_node"),
-            fired_at=self.now(),
-        )
-
-    def select_last_fire(self, schedule_name: Any) -> Select[Any]:
-        """A schedule's latest tick fired: one descent of the primary key (schedule, tick),
-        however long its history."""
-        return select(func.max(schedule_fires.c.fire_time).label("last")).where(
-            schedule_fires.c.schedule_name == schedule_name
-        )
-
-    # --- pruning ------------------------------------------------------------------------------
-    # Which executions may go is the pruner's rule (:mod:`dbcluster.cluster.maintenance.pruner`);
-    # these say how to ask for them and delete them. Every IN list is an expanding parameter
-    # (``ids``) the caller fills with at most ``partition_write_batch`` values.
-
-    def prunable_where(
-        self, statuses: Sequence[str], age_ms: int, completed: str
-    ) -> list[ColumnElement[bool]]:
-        """Conditions on ``batch_job_execution`` for an execution that may be deleted: its
-        status is one of ``statuses``, it ended more than ``age_ms`` before the database
-        clock, no coordination row of it is in flight, and the newest execution of its
-        instance is ``completed`` (an instance whose newest execution is anything else may be
-        restarted, and a restart reads every earlier execution of the instance)."""
-        je = schema.job_execution
-        newest = schema.job_execution.alias("prune_newest")
-        top = schema.job_execution.alias("prune_top")
-        newest_id = (
-            select(func.max(top.c.job_execution_id))
-            .where(top.c.job_instance_id == newest.c.job_instance_id)
-            .correlate(newest)
-            .scalar_subquery()
-        )
-        return [
-            je.c.status.in_(list(statuses)),
-            self.older_than(je.c.end_time, age_ms),
-            ~exists().where(
-                job_coordination.c.job_execution_id == je.c.job_execution_id,
-                job_coordination.c.status.in_(COORD_IN_FLIGHT),
-            ),
-            ~exists().where(
-                newest.c.job_instance_id == je.c.job_instance_id,
-                newest.c.job_execution_id == newest_id,
-                newest.c.status != completed,
-            ),
-        ]
-
-    def select_prunable(
-        self, statuses: Sequence[str], age_ms: int, completed: str, keep_last: int
-    ) -> Select[Any]:
-        """The ids of the executions that may be deleted (:meth:`prunable_where`) that are not
-        among the ``keep_last`` newest executions of their job name, oldest first."""
-        je = schema.job_execution
-        ji = schema.job_instance
-        where = self.prunable_where(statuses, age_ms, completed)
-        if keep_last <= 0:
-            return select(je.c.job_execution_id).where(*where).order_by(je.c.job_execution_id)
-        rank = (
-            func.row_number()
-            .over(partition_by=ji.c.job_name, order_by=je.c.job_execution_id.desc())
-            .label("newer")
-        )
-        ranked = (
-            select(je.c.job_execution_id, rank)
-            .join(ji, ji.c.job_instance_id == je.c.job_instance_id)
-            .subquery("prune_ranked")
-        )
-        return (
-            select(je.c.job_execution_id)
-            .join(ranked, ranked.c.job_execution_id == je.c.job_execution_id)
-            .where(ranked.c.newer > keep_last, *where)
-            .order_by(je.c.job_execution_id)
-        )
-
-    def select_prunable_recheck(
-        self, statuses: Sequence[str], age_ms: int, completed: str
-    ) -> Select[Any]:
-        """Of the executions ``ids``, those that may still be deleted (checked again in the
-        transaction that deletes them: a launch or a restart may have come since)."""
-        je = schema.job_execution
-        return select(je.c.job_execution_id).where(
-            je.c.job_execution_id.in_(bindparam("ids", expanding=True)),
-            *self.prunable_where(statuses, age_ms, completed),
-        )
-
-    def select_steps_of(self) -> Select[Any]:
-        """The step execution ids of the job executions ``ids``, with their job execution's,
-        in key order (read once; then deleted by key, a slice at a time)."""
-        se = schema.step_execution
-        return (
-            select(se.c.step_execution_id, se.c.job_execution_id)
-            .where(se.c.job_execution_id.in_(bindparam("ids", expanding=True)))
-            .order_by(se.c.step_execution_id)
-        )
-
-    def delete_step_rows(self) -> list[Delete]:
-        """Deletes of the step executions ``ids`` in foreign-key order: their partition rows,
-        their contexts, themselves."""
-        ids = bindparam("ids", expanding=True)
-        return [
-            delete(partitions).where(partitions.c.step_execution_id.in_(ids)),
-            delete(schema.step_execution_context).where(
-                schema.step_execution_context.c.step_execution_id.in_(ids)
-            ),
-            delete(schema.step_execution).where(schema.step_execution.c.step_execution_id.in_(ids)),
-        ]
-
-    def delete_job_rows(self) -> list[Delete]:
-        """Deletes of the job executions ``ids`` (their step executions already gone) in
-        foreign-key order: coordination, master history, context, parameters, themselves."""
-        ids = bindparam("ids", expanding=True)
-        tables = (
-            job_coordination,
-            job_masters,
-            schema.job_execution_context,
-            schema.job_execution_params,
-            schema.job_execution,
-        )
-        return [delete(t).where(t.c.job_execution_id.in_(ids)) for t in tables]
-
-    def select_instances_of(self) -> Select[Any]:
-        """The job instance ids of the job executions ``ids``."""
-        je = schema.job_execution
-        return (
-            select(je.c.job_instance_id)
-            .where(je.c.job_execution_id.in_(bindparam("ids", expanding=True)))
-            .distinct()
-        )
-
-    def delete_empty_instances(self) -> Delete:
-        """Deletes of the job instances ``ids`` that have no execution left."""
-        ji = schema.job_instance
-        je = schema.job_execution
-        return delete(ji).where(
-            ji.c.job_instance_id.in_(bindparam("ids", expanding=True)),
-            ~exists().where(je.c.job_instance_id == ji.c.job_instance_id),
-        )
-
-    def count_prunable(self, prunable: Select[Any]) -> dict[str, Select[Any]]:
-        """Per table, a count of the rows deleting the executions ``prunable`` selects would
-        delete (what ``--dry-run`` prints)."""
-        se = schema.step_execution
-        je = schema.job_execution
-        ji = schema.job_instance
-        # No ORDER BY in a derived table (SQL Server refuses one).
-        chosen = prunable.order_by(None).subquery("prune_chosen")
-        ids = select(chosen.c.job_execution_id)
-        steps = select(se.c.step_execution_id).where(se.c.job_execution_id.in_(ids))
-
-        def count(table: Any, *where: ColumnElement[bool]) -> Select[Any]:
-            return select(func.count()).select_from(table).where(*where)
-
-        counts = {
-            partitions.name: count(partitions, partitions.c.step_execution_id.in_(steps)),
-            schema.step_execution_context.name: count(
-                schema.step_execution_context,
-                schema.step_execution_context.c.step_execution_id.in_(steps),
-            ),
-            se.name: count(se, se.c.job_execution_id.in_(ids)),
-        }
-        for table in (
-            job_coordination,
-            job_masters,
-            schema.job_execution_context,
-            schema.job_execution_params,
-            je,
-        ):
-            counts[table.name] = count(table, table.c.job_execution_id.in_(ids))
-        other = je.alias("prune_other")
-        counts[ji.name] = count(
-            ji,
-            exists().where(
-                je.c.job_instance_id == ji.c.job_instance_id, je.c.job_execution_id.in_(ids)
-            ),
-            ~exists().where(
-                other.c.job_instance_id == ji.c.job_instance_id,
-                other.c.job_execution_id.not_in(ids),
-            ),
-        )
-        return counts
-
-    # --- helpers for subclasses -----------------------------------------------------------------
-
-    @staticmethod
-    def _clock(sql: str) -> ColumnElement[datetime]:
-        """A constant clock expression (no user data in it) typed as a timestamp."""
-        return literal_column(sql, type_=DateTime())
 
 
 #: Kinds :meth:`QueryProvider.column_type` is asked about.

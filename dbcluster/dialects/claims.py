@@ -34,7 +34,7 @@ CLAIMED_JOB_PREFIX = "j_"
 class ClaimStatements(StatementFamily):
     """The claim's statements."""
 
-    # --- the poll and the claim's five statements -------------------------------------------------
+    # --- the poll and the claim's five statements -----------------------------------------------
 
     def select_claimable(
         self, node_id: Any, limit: int, steal_after_ms: int | None, unreachable_ms: int
@@ -173,7 +173,7 @@ class ClaimStatements(StatementFamily):
             sc.c.serialized_context,
         ]
 
-    # --- a claim in one statement, where the database can -----------------------------------------
+    # --- a claim in one statement, where the database can ---------------------------------------
 
     def claim_and_start(
         self, node_id: Any, step_execution_ids: Any, started_at: Any, load: Any

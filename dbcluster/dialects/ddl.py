@@ -142,7 +142,7 @@ class DDLStatements(StatementFamily):
         found = {str(i["name"]).lower() for i in inspect(engine).get_indexes(table) if i["name"]}
         return str(name).lower() in found
 
-    # --- migrations (``dbcluster migrate``) ------------------------------------------------------
+    # --- migrations (``dbcluster migrate``) -----------------------------------------------------
 
     def quote(self, name: str) -> str:
         return str(self.dialect.identifier_preparer.quote(name))

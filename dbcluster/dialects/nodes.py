@@ -65,7 +65,7 @@ class NodeStatements(StatementFamily):
         sweeper's removal of it waits (or was seen)."""
         return update(nodes).where(nodes.c.node_id == node_id).values(current_load=load)
 
-    # --- sweeps: silent nodes are marked, then removed with their claims fenced -------------------
+    # --- sweeps: silent nodes are marked, then removed with their claims fenced -----------------
 
     def mark_unreachable(self, threshold_ms: int) -> Update:
         return (
@@ -138,7 +138,7 @@ class NodeStatements(StatementFamily):
         """Removal, last statement."""
         return delete(nodes).where(nodes.c.status == NODE_REMOVING)
 
-    # --- a node leaving of its own accord ---------------------------------------------------------
+    # --- a node leaving of its own accord -------------------------------------------------------
 
     def lock_node(self, node_id: Any) -> Select[Any]:
         """A node leaving, before :meth:`fence_claims_of`: its row locked ``FOR UPDATE``, for
@@ -158,7 +158,7 @@ class NodeStatements(StatementFamily):
     def deregister_node(self, node_id: str) -> Delete:
         return delete(nodes).where(nodes.c.node_id == node_id)
 
-    # --- who is there -----------------------------------------------------------------------------
+    # --- who is there ---------------------------------------------------------------------------
 
     def select_nodes(self, status: str | None = NODE_ACTIVE) -> Select[Any]:
         stmt = select(

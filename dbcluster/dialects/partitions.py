@@ -61,7 +61,7 @@ class PartitionStatements(StatementFamily):
             self, table: Table, columns: Sequence[str], values: Mapping[str, Any] | None = None
         ) -> Insert | None: ...
 
-    # --- placement --------------------------------------------------------------------------------
+    # --- placement ------------------------------------------------------------------------------
 
     def _placed_values(self) -> dict[str, Any]:
         return {
@@ -96,7 +96,7 @@ class PartitionStatements(StatementFamily):
         }
         return self.insert_from_arrays(partitions, PLACED_COLUMNS, values)
 
-    # --- a worker's guarded transitions -----------------------------------------------------------
+    # --- a worker's guarded transitions ---------------------------------------------------------
 
     def _guarded(
         self, step_execution_id: int, node_id: str, attempt: int, statuses: Iterable[str]
@@ -219,7 +219,7 @@ class PartitionStatements(StatementFamily):
             .limit(limit)
         )
 
-    # --- the master's monitor ---------------------------------------------------------------------
+    # --- the master's monitor -------------------------------------------------------------------
 
     def select_orphaned_partitions(self, master_step_execution_id: int) -> Select[Any]:
         """In-flight partitions of one master step whose node is gone (or that were handed
@@ -358,7 +358,7 @@ class PartitionStatements(StatementFamily):
             .order_by(partitions.c.step_execution_id)
         )
 
-    # --- a job whose master was lost, or that is stopped ------------------------------------------
+    # --- a job whose master was lost, or that is stopped ----------------------------------------
 
     def fail_job_partitions(
         self, job_execution_id: int, step_execution_ids: Sequence[int] | None = None
