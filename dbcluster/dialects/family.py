@@ -65,12 +65,7 @@ class StatementFamily:
         name: ClassVar[str]
         dialect: Dialect
         supports_skip_locked: ClassVar[bool]
-        supports_listen_notify: ClassVar[bool]
-        supports_writable_cte: ClassVar[bool]
         supports_multi_table_update: ClassVar[bool]
-        supports_array_insert: ClassVar[bool]
-        transactional_ddl: ClassVar[bool]
-        alter_type_keeps_indexes: ClassVar[bool]
         scripts_commit: ClassVar[bool]
 
         def now(self) -> ColumnElement[datetime]: ...
