@@ -4,7 +4,10 @@ The job repository keeps Spring Batch's shape (lower-case names); three coordina
 beside it. Column types that the generic SQLAlchemy types express badly on some database (a
 timestamp with sub-second precision, a large text, bounded text that must compare exactly and
 fit by the database's own measure, a flag) are :class:`TypeDecorator`s that ask the dialect's query
-provider for the concrete type, so this module never names a database.
+provider for the concrete type, so this module never names a database. Nor does it import the
+providers: the registry (:mod:`dbcluster.dialects.registry`) plugs in how a dialect's provider is
+found (:func:`use_column_types`) when it is imported, which every engine, provider and command of
+dbcluster does first.
 
 All timestamps are naive UTC. Names stay under 30 characters so that every Oracle version accepts
 them.
@@ -14,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from sqlalchemy import (
     BigInteger,
@@ -37,8 +40,7 @@ from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.engine.default import DefaultDialect, StrCompileDialect
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
-if TYPE_CHECKING:
-    from dbcluster.dialects.base import QueryProvider
+from dbcluster.errors import UnsupportedBackendError
 
 #: One width for every column that holds a node id (the reference's narrower assigned-node column
 #: was a defect).
@@ -61,16 +63,47 @@ _TABLE_OPTIONS: dict[str, str] = {
 }
 
 
-def _provider_class(dialect: Dialect) -> type[QueryProvider] | None:
-    """The dialect's provider (the registry's one answer); a dialect no provider serves is an
-    error, never a silent fall back to the generic types. SQLAlchemy's own dialect
+class ColumnTypes(Protocol):
+    """What the column types below ask of a dialect's query provider (its class:
+    :class:`~dbcluster.dialects.base.QueryProvider` answers each)."""
+
+    def column_type(self, kind: str) -> TypeEngine[Any] | None:
+        """The concrete type for ``kind`` ("timestamp", "long_text", "id", "flag"), or None
+        for the generic one."""
+        ...
+
+    def text_type(self, length: int) -> TypeEngine[Any]:
+        """The type of a bounded text column of ``length`` characters."""
+        ...
+
+    def clip_text(self, text: str, length: int) -> str:
+        """``text`` cut to what a bounded text column of ``length`` holds."""
+        ...
+
+
+#: How a dialect's :class:`ColumnTypes` are found (see :func:`use_column_types`).
+_lookup: Callable[[Dialect], ColumnTypes] | None = None
+
+
+def use_column_types(lookup: Callable[[Dialect], ColumnTypes]) -> None:
+    """Plug in how the column types find a dialect's provider: the registry does, when it is
+    imported, with its one answer per dialect (a dialect no provider serves is an error
+    there, never a silent fall back to the generic types)."""
+    global _lookup
+    _lookup = lookup
+
+
+def _provider_class(dialect: Dialect) -> ColumnTypes | None:
+    """The dialect's provider (the registry's one answer). SQLAlchemy's own dialect
     (``str(statement)``) is no database: None, and the generic types."""
     if type(dialect) in (DefaultDialect, StrCompileDialect):
         return None
-    # Imported lazily: the registry imports this module for its metadata.
-    from dbcluster.dialects.registry import provider_class_for_dialect
-
-    return provider_class_for_dialect(dialect)
+    if _lookup is None:
+        raise UnsupportedBackendError(
+            f"the dbcluster tables' column types for {dialect.name!r} come from its query "
+            "provider: import dbcluster.dialects (or make the engine with its make_engine) first"
+        )
+    return _lookup(dialect)
 
 
 def _provider_type(dialect: Dialect, kind: str) -> TypeEngine[Any] | None:

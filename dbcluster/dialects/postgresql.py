@@ -31,7 +31,8 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.types import NullType, TypeDecorator, TypeEngine
 
-from dbcluster.dialects.base import Listener, QueryProvider, SessionLimits
+from dbcluster.dialects.base import Listener, SessionLimits
+from dbcluster.dialects.postgresql_ctes import WritableCTEProvider
 from dbcluster.schema import PARAMETER_COLUMNS, ShortText, nodes
 
 #: What a channel name made by :meth:`QueryProvider.wake_channel` looks like (it goes into
@@ -107,7 +108,7 @@ def _sqlstate(orig: BaseException | None) -> str | None:
     return getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
 
 
-class PostgreSQLProvider(QueryProvider):
+class PostgreSQLProvider(WritableCTEProvider):
     name = "postgresql"
     sqlalchemy_names = ("postgresql",)
     example_url = "postgresql+psycopg://"
@@ -120,7 +121,6 @@ class PostgreSQLProvider(QueryProvider):
     supports_listen_notify = True
     #: NOTIFY's limit is 8,000 bytes in the default configuration.
     notify_payload_max = 7900
-    supports_writable_cte = True
     supports_array_insert = True
     places_at_launch = True
     min_server_version = (13,)

@@ -25,6 +25,7 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, Dialect, make_url
 from sqlalchemy.exc import ArgumentError, DisconnectionError, NoSuchModuleError
 
+from dbcluster import schema
 from dbcluster.dialects.base import QueryProvider, SessionLimits
 from dbcluster.errors import MissingDriverError, UnsupportedBackendError
 from dbcluster.masking import safe_url
@@ -117,6 +118,11 @@ def provider_class_for_dialect(dialect: Dialect) -> type[QueryProvider]:
     found = provider_class_for_dialect_name(dialect.name)
     assert found is not None
     return found
+
+
+# The tables' column types ask the provider of the dialect they compile for: the schema does not
+# import the providers, this plugs the one answer in.
+schema.use_column_types(provider_class_for_dialect)
 
 
 def _bind(provider: QueryProvider) -> QueryProvider:
