@@ -1031,7 +1031,21 @@ def _unavailable(error: BaseException) -> bool:
 
 def main(argv: list[str] | None = None) -> None:
     """The ``dbcluster`` command: exit 0 done, 1 a job did not complete, 2 a usage or user
-    error, 3 the database is unavailable, 130 interrupted (one line on stderr, no traceback)."""
+    error, 3 the database is unavailable, 130 interrupted (one line on stderr, no traceback).
+
+    A command puts its URL in ``DBCLUSTER_URL`` for the application's resources (``--url``);
+    called in-process (``main([...])``), it leaves the environment as it found it."""
+    saved = os.environ.get("DBCLUSTER_URL")
+    try:
+        _main(argv)
+    finally:
+        if saved is None:
+            os.environ.pop("DBCLUSTER_URL", None)
+        else:
+            os.environ["DBCLUSTER_URL"] = saved
+
+
+def _main(argv: list[str] | None) -> None:
     from sqlalchemy.exc import SQLAlchemyError
 
     from dbcluster.cluster.settings import warn_unknown_variables

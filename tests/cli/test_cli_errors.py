@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -154,3 +155,17 @@ def test_a_connection_lost_during_a_command_exits_3_in_one_line(
         err.strip()
         == "error: the database is unavailable: server closed the connection unexpectedly"
     )
+
+
+def test_an_in_process_command_leaves_the_url_out_of_the_environment(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A command's ``--url`` is ``DBCLUSTER_URL`` for its own resources; called in-process it
+    must not stay there (a later command given ``--dialect`` then also saw a URL and refused)."""
+    from dbcluster.cli import main
+
+    monkeypatch.delenv("DBCLUSTER_URL", raising=False)
+    with pytest.raises(SystemExit) as exit_:
+        main(["init", "--url", f"sqlite:///{tmp_path / 'jobs.db'}"])
+    assert exit_.value.code == 0
+    assert "DBCLUSTER_URL" not in os.environ
