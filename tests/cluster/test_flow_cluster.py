@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, func, select
 
+from dbcluster import points
 from dbcluster.batch import BatchStatus
 from dbcluster.batch.flow import PATH_KEY
 from dbcluster.schema import partitions
-from dbcluster.testing import points
 from dbcluster.testing.app import FAST_SETTINGS
 from dbcluster.testing.backends import Backend
 from dbcluster.testing.control import freeze, record_events
@@ -39,12 +39,22 @@ def _example() -> ModuleType:
 
 
 @pytest.fixture
-def nightly(backend: Backend, tmp_path: Path) -> Iterator[tuple[ModuleType, Any]]:
+def nightly(
+    backend: Backend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[ModuleType, Any]]:
+    """The example's module-level registry, its ``data`` resource on this backend (the example
+    keeps its tables in the repository's database, ``DBCLUSTER_URL``)."""
     example = _example()
+    monkeypatch.setenv("DBCLUSTER_URL", backend.url)
     example.metadata.drop_all(backend.engine)
     example.metadata.create_all(backend.engine)
-    yield example, example.registry_for(backend.engine, tmp_path / "orders.jsonl")
+    yield example, example.registry
+    example.registry.resources.close()
     example.metadata.drop_all(backend.engine)
+
+
+def _params(tmp_path: Path, run_id: int) -> dict[str, Any]:
+    return {"orders": 3000, "run.id": run_id, "export": str(tmp_path / "orders.jsonl")}
 
 
 def _totals_match(example: ModuleType, engine: Engine) -> bool:
@@ -59,12 +69,12 @@ def _totals_match(example: ModuleType, engine: Engine) -> bool:
 
 
 def test_the_example_flow_runs_on_two_nodes(
-    backend: Backend, nightly: tuple[ModuleType, Any], make_cluster: Any
+    backend: Backend, tmp_path: Path, nightly: tuple[ModuleType, Any], make_cluster: Any
 ) -> None:
     example, registry = nightly
     master = make_cluster(SETTINGS, registry=registry)
     make_cluster(SETTINGS, registry=registry)
-    execution = master.launch("nightly-orders", {"orders": 3000, "run.id": 1})
+    execution = master.launch("nightly-orders", _params(tmp_path, 1))
     assert execution.status is BatchStatus.COMPLETED, execution.exit_status
     with backend.engine.connect() as conn:
         nodes = conn.execute(
@@ -77,7 +87,7 @@ def test_the_example_flow_runs_on_two_nodes(
 
 
 def test_a_survivor_finishes_a_flow_on_the_branch_its_lost_master_took(
-    backend: Backend, nightly: tuple[ModuleType, Any], make_cluster: Any
+    backend: Backend, tmp_path: Path, nightly: tuple[ModuleType, Any], make_cluster: Any
 ) -> None:
     example, registry = nightly
     master = make_cluster(SETTINGS, registry=registry, work=False)
@@ -87,7 +97,7 @@ def test_a_survivor_finishes_a_flow_on_the_branch_its_lost_master_took(
     with points.parked(
         "master.between_steps", lambda next_step, **_: next_step == "report"
     ) as park:
-        run = in_thread(lambda: master.launch("nightly-orders", {"orders": 3000, "run.id": 2}))
+        run = in_thread(lambda: master.launch("nightly-orders", _params(tmp_path, 2)))
         job_execution = park.wait(timeout=60)[0]["job_execution"]
         # Were the decision taken again, the survivor would go the other way.
         chose = volume.fn
@@ -112,6 +122,7 @@ def test_a_survivor_finishes_a_flow_on_the_branch_its_lost_master_took(
     assert steps.count("totals") == 1 and steps.count("export") == 1, steps
     path = ended.execution_context[PATH_KEY]["nightly"]["states"]
     assert [(name, code) for name, code, *_ in path] == [
+        ("prepare", "COMPLETED"),
         ("load", "COMPLETED"),
         ("volume", "BIG"),
         ("big-day", "COMPLETED"),
