@@ -22,10 +22,9 @@ import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
 from sqlalchemy import Engine, func, select
 
 from dbcluster.cli.engines import open_engine
@@ -41,6 +40,9 @@ from dbcluster.demo import (
     single_process_total,
 )
 from dbcluster.schema import nodes, partitions, step_execution
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 @click.command()
@@ -138,6 +140,8 @@ def run_demo(
 ) -> int:
     """Run the demo; the exit status (0 only when the job completed with the correct total).
     ``verbose`` prints the workers' logs at the end."""
+    from rich.console import Console
+
     out = console or Console(highlight=False, soft_wrap=True)
     work_dir = Path(tempfile.mkdtemp(prefix="dbcluster-demo-"))
     own_database = url is None
