@@ -177,6 +177,20 @@ def _no_node_outlives_its_test() -> Iterator[None]:
     )
 
 
+@pytest.fixture(autouse=True)
+def _no_command_leaves_its_url() -> Iterator[None]:
+    """A command run in the test's own process (``main([...])``, ``CliRunner``) exports its
+    ``--url`` as ``DBCLUSTER_URL`` (``dbcluster.cli.options.url_option``), which every later
+    ``dbcluster`` subprocess of the same test process would inherit (``ddl --dialect`` then
+    fails with "give --dialect or --url, not both"): put back after each test."""
+    before = os.environ.get("DBCLUSTER_URL")
+    yield
+    if before is None:
+        os.environ.pop("DBCLUSTER_URL", None)
+    else:
+        os.environ["DBCLUSTER_URL"] = before
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     for found in _opened.values():
         if isinstance(found, Backend):

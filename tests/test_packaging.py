@@ -4,6 +4,7 @@ opt-in, and the extras give a provider author only what the shipped suite needs.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tarfile
@@ -59,6 +60,10 @@ def test_the_sdist_and_the_wheel_carry_the_license_and_py_typed(built: tuple[Pat
     assert metadata["License-Expression"] == "Apache-2.0"
     # The pytest plugin is opt-in: no pytest11 entry point loads it into every pytest.
     assert "pytest11" not in entry_points and "dbcluster = dbcluster.cli:main" in entry_points
+    # chaos and bench join the CLI through its entry points, not an import (docs/cli.md).
+    assert "[dbcluster.commands]" in entry_points
+    assert "chaos = dbcluster.testing.chaos:chaos" in entry_points
+    assert "bench = dbcluster.bench.command:bench" in entry_points
     extras = set(metadata.get_all("Provides-Extra") or [])
     assert {"conformance", "test", "dev"} <= extras
 
@@ -97,3 +102,46 @@ def test_the_suite_runs_with_the_plugin_named_and_only_then(tmp_path: Path) -> N
         cwd=tmp_path,
     )
     assert without.returncode != 0 and "unrecognized arguments: --dbcluster-url" in without.stderr
+
+
+def test_the_installed_wheel_runs_its_commands_and_those_of_its_entry_points(
+    built: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The wheel installed on its own (its dependencies are this environment's): the
+    ``dbcluster`` script answers, and chaos and bench, found through the wheel's entry points."""
+    _, wheel = built
+    target = tmp_path / "site"
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target),
+         str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DBCLUSTER_")}
+    env["PYTHONPATH"] = str(target)  # ahead of this checkout's editable install
+    where = subprocess.run(
+        [sys.executable, "-c", "import dbcluster.cli; print(dbcluster.cli.__file__)"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
+    )
+    assert where.stdout.startswith(str(target)), where.stdout + where.stderr
+    for args, expected in (
+        ([], "Commands:"),
+        (["chaos"], "Usage: dbcluster chaos"),
+        (["bench"], "Usage: dbcluster bench"),
+    ):
+        shown = subprocess.run(
+            [sys.executable, str(target / "bin" / "dbcluster"), *args, "--help"],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=120,
+        )
+        assert shown.returncode == 0 and expected in shown.stdout, shown.stdout + shown.stderr
+        assert "Cannot be loaded" not in shown.stdout, shown.stdout

@@ -21,7 +21,7 @@ from typing import Any
 
 import click
 
-from dbcluster.cli_options import DURATION_MS, DURATION_S, chosen_level, log_options
+from dbcluster.cli.options import DURATION_MS, DURATION_S, chosen_level, log_options
 from dbcluster.testing.chaos_plan import (
     ALL_KINDS,
     DB_FAULT_SPACING_S,

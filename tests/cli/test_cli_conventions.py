@@ -17,7 +17,7 @@ import pytest
 from cli_helpers import APP, cli, cli_env, run_cli, stop_process, wait_for
 from sqlalchemy import func, select
 
-from dbcluster.cli_options import DURATION_MS, DURATION_S
+from dbcluster.cli.options import DURATION_MS, DURATION_S
 from dbcluster.cluster import ClusterSettings
 from dbcluster.cluster import settings as settings_module
 from dbcluster.errors import ConfigurationError

@@ -115,7 +115,7 @@ def test_submit_wait_gives_up_after_its_timeout_and_says_why(backend: Backend) -
         "status": "PENDING",
         "timed_out": True,
     }
-    from dbcluster.cluster.launch_commands import submit
+    from dbcluster.cli.submit import submit
 
     timeout = next(p for p in submit.params if p.name == "timeout")
     assert timeout.default == "1h" and timeout.type.convert("1h", None, None) == 3600.0

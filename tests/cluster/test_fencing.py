@@ -358,8 +358,8 @@ def test_a_detached_master_whose_parent_is_gone_keeps_running() -> None:
         "r, w = os.pipe()\n"
         "os.close(r)\n"
         "os.dup2(w, sys.stdout.fileno())\n"
-        "from dbcluster.cli import _report_to_parent\n"
-        "_report_to_parent(42)\n"
+        "from dbcluster.cli.master import report_to_parent\n"
+        "report_to_parent(42)\n"
         "sys.stderr.write('still running\\n')\n"
     )
     done = subprocess.run(

@@ -6,11 +6,8 @@ from __future__ import annotations
 import json
 
 import click
-from sqlalchemy.exc import DBAPIError
 
-from dbcluster.cluster.maintenance.pruner import TABLES, PrunePolicy, Pruning, parse_statuses
-from dbcluster.cluster.settings import parse_age
-from dbcluster.errors import unreachable
+from dbcluster.cli.engines import Tables, open_engine
 
 
 @click.command()
@@ -63,9 +60,9 @@ def prune(
     contexts, parameters, partitions and coordination rows, and the job instances left with no
     execution. Never an execution in flight, nor any execution of an instance whose newest
     execution did not complete (it may be restarted)."""
+    from dbcluster.cluster.maintenance.pruner import PrunePolicy, Pruning, parse_statuses
+    from dbcluster.cluster.settings import parse_age
     from dbcluster.cluster.store import CoordinationStore
-    from dbcluster.dialects import make_engine
-    from dbcluster.monitor import require_schema
 
     policy = PrunePolicy(
         older_than_ms=parse_age(older_than),
@@ -73,12 +70,8 @@ def prune(
         statuses=parse_statuses(statuses),
         batch_size=batch_size,
     )
-    engine = make_engine(url)
+    engine = open_engine(url, Tables.PRESENT)
     try:
-        try:
-            require_schema(engine)
-        except DBAPIError as exc:
-            raise unreachable(url, exc) from exc
         pruning = Pruning(CoordinationStore(engine))
         result = pruning.dry_run(policy) if dry_run else pruning.prune(policy)
     finally:
@@ -96,6 +89,8 @@ def prune(
             )
         )
         return
+    from dbcluster.cluster.maintenance.pruner import TABLES
+
     verb = "would delete" if dry_run else "deleted"
     click.echo(f"{verb} {len(result.executions)} job execution(s) in {result.seconds:.1f} s:")
     width = max(len(t) for t in TABLES)

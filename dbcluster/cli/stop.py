@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from dbcluster.cli_options import DURATION_S
+from dbcluster.cli.engines import Tables, open_engine
+from dbcluster.cli.options import DURATION_S
 from dbcluster.errors import DbclusterError
 
 if TYPE_CHECKING:
@@ -46,11 +47,10 @@ def stop(url: str, execution_id: int, wait: bool, timeout: float, as_json: bool)
     stopped. Stopping an execution that already ended (or does not exist) is an error (exit 2).
     """
     from dbcluster.batch.repository import JobRepository
-    from dbcluster.cli import open_checked_engine
     from dbcluster.cluster.stopping import request_stop
     from dbcluster.cluster.store import CoordinationStore
 
-    engine = open_checked_engine(url)
+    engine = open_engine(url, Tables.CURRENT)
     try:
         repository = JobRepository(engine)
         execution = request_stop(CoordinationStore(engine), repository, execution_id)

@@ -8,7 +8,8 @@ from typing import Any
 
 import click
 
-URL_HELP = "SQLAlchemy database URL (or set DBCLUSTER_URL)."
+from dbcluster.cli.engines import open_engine
+from dbcluster.cli.options import URL_HELP
 
 
 @click.group(invoke_without_command=True)
@@ -60,7 +61,6 @@ def migrate(
         ctx.obj = {"url": url}
         return
     from dbcluster import migrations
-    from dbcluster.cli import open_engine
     from dbcluster.dialects import get_provider, provider_for_name
 
     if as_sql:
@@ -108,7 +108,6 @@ def _state(url: str) -> dict[str, Any]:
     from sqlalchemy import inspect, select
 
     from dbcluster import migrations, schema
-    from dbcluster.cli import open_engine
     from dbcluster.masking import safe_url
 
     engine = open_engine(url)

@@ -1,5 +1,5 @@
 """``dbcluster submit`` and ``dbcluster schedules``: launch requests and recurring jobs from the
-command line (registered by ``dbcluster.cli``)."""
+command line."""
 
 from __future__ import annotations
 
@@ -10,37 +10,13 @@ from datetime import datetime
 from typing import Any
 
 import click
-from sqlalchemy import Engine
-from sqlalchemy.exc import DBAPIError
 
-from dbcluster.cli_options import DURATION_S, EXIT_FAILED, EXIT_OK
-from dbcluster.errors import unreachable
+from dbcluster.cli.engines import Tables, open_engine
+from dbcluster.cli.options import APP_HELP, DURATION_S, EXIT_FAILED, EXIT_OK, URL_HELP
 from dbcluster.states import LAUNCH_FAILED, LAUNCH_LAUNCHED, LAUNCH_PENDING
 
-URL_HELP = "SQLAlchemy database URL (or set DBCLUSTER_URL)."
-APP_HELP = "The application: module:attribute of a JobRegistry (or set DBCLUSTER_APP)."
-
-#: Request statuses after which ``submit --wait`` follows the execution.
-_ENDED = (LAUNCH_LAUNCHED, LAUNCH_FAILED)
 #: How long ``submit --wait`` waits for a node to claim the request before it says that none has.
 UNCLAIMED_HINT_S = 30.0
-
-
-def open_checked_engine(url: str) -> Engine:
-    """An engine for a user-given URL: a bad host or missing tables fail here, in one line."""
-    from dbcluster.dialects import make_engine
-    from dbcluster.monitor import require_schema
-
-    engine = make_engine(url)
-    try:
-        require_schema(engine)
-    except DBAPIError as exc:
-        engine.dispose()
-        raise unreachable(url, exc) from exc
-    except BaseException:
-        engine.dispose()
-        raise
-    return engine
 
 
 def _json(value: Any) -> None:
@@ -115,7 +91,7 @@ def submit(
             f"job {job!r} has no incrementer, so it has no next run; submit it without "
             f"--next, or give it Job(..., incrementer=RunIdIncrementer())"
         )
-    engine = open_checked_engine(url)
+    engine = open_engine(url, Tables.PRESENT)
     try:
         launches = LaunchStore(CoordinationStore(engine))
         request_id = launches.submit(job, parameters, next_run=next_run)
@@ -257,7 +233,7 @@ def schedules(
         from dbcluster.cluster.launches import LaunchStore
         from dbcluster.cluster.store import CoordinationStore
 
-        engine = open_checked_engine(url)
+        engine = open_engine(url, Tables.PRESENT)
         try:
             launches = LaunchStore(CoordinationStore(engine))
             now, last = (
