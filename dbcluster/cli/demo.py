@@ -323,7 +323,9 @@ def _watch(
         out.print("[red]the victim never started a partition[/]")
         return 1
     now = _partition_rows(engine, master_id)
-    held = [n for n, r in now.items() if r.assigned_node == victim_id and r.status == PARTITION_CLAIMED]
+    held = [
+        n for n, r in now.items() if r.assigned_node == victim_id and r.status == PARTITION_CLAIMED
+    ]
     os.kill(workers.procs[victim].pid, signal.SIGKILL)
     workers.procs[victim].wait()
     out.print(
