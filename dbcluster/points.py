@@ -17,6 +17,10 @@ Points and the details they pass:
 - ``job.before_commit``: ``conn``, ``job_execution``: a master's job-level write.
 - ``transaction.before_commit``: after any of the three above, last thing before ``COMMIT``
   (the test application observes there what its transaction holds at commit time).
+- ``group.before_final_write``: ``conn``, ``step_executions``: a group of partitions ran its
+  bodies in one transaction (see ``cluster/grouping.py``) and is about to take their rows;
+  then each member reaches the three points above (with ``group``) as its own transaction
+  would.
 - ``master.after_create_execution``: ``job_execution``: the execution and its coordination row
   committed (with a first run's partitions, where they were placed in that transaction: see
   ``Cluster.create_execution``); the master has not started the job.

@@ -77,6 +77,13 @@ class JobRepository:
         at any other version than that or the one before was written by someone else."""
         return self.step_executions.step_version_is(execution, version)
 
+    def step_versions_are(
+        self, executions: Sequence[StepExecution], versions: Sequence[int]
+    ) -> Callable[[Connection], bool]:
+        """Verifier of an unclear commit of a group's transaction (see
+        :meth:`StepExecutionDao.step_versions_are`)."""
+        return self.step_executions.step_versions_are(executions, versions)
+
     def job_version_is(self, execution: JobExecution, version: int) -> Callable[[Connection], bool]:
         """Verifier of an unclear commit of a job-execution write (see :meth:`step_version_is`)."""
         return self.job_executions.job_version_is(execution, version)
@@ -273,6 +280,11 @@ class JobRepository:
         execution context too; ``guard``: the fence's final guarded write, in the same statement
         (only where :attr:`folds_guards`; see :meth:`StepExecutionDao.update_step_execution`)."""
         self.step_executions.update_step_execution(execution, conn, context=context, guard=guard)
+
+    def update_step_executions(self, executions: Sequence[StepExecution], conn: Connection) -> None:
+        """The final writes of a group's executions in ``conn``'s transaction (see
+        :meth:`StepExecutionDao.update_step_executions`)."""
+        self.step_executions.update_step_executions(executions, conn)
 
     def update_step_execution_context(
         self, execution: StepExecution, conn: Connection | None = None
