@@ -31,7 +31,7 @@ from dbcluster.batch.domain import JobExecution, JobInstance, PartitionsEnded, S
 from dbcluster.batch.fence import FoldedGuard
 from dbcluster.batch.parameters import JobParameters
 from dbcluster.batch.status import BatchStatus
-from dbcluster.batch.transactions import RetryPolicy, Transactions
+from dbcluster.batch.transactions import RetryPolicy, Settling, Transactions
 
 __all__ = ["InsertExtras", "JobRepository", "Riders"]
 
@@ -56,10 +56,11 @@ class JobRepository:
         #: database makes each statement one round trip (no BEGIN, no ROLLBACK).
         self.reader = reader or engine
         #: Step and job transactions, repeated on transient errors under ``retry``.
-        self.transactions = Transactions(engine, retry)
+        provider = _provider(engine)
+        self.transactions = Transactions(engine, retry, Settling.of(provider))
         db = Connections(engine, self.transactions, self.reader)
         #: This database's combined statements, built once (see :mod:`dbcluster.batch.dao`).
-        self.combined = CombinedStatements(_provider(engine), engine.dialect)
+        self.combined = CombinedStatements(provider, engine.dialect)
         #: The data access objects behind this façade.
         self.instances = JobInstanceDao(db)
         self.contexts = ExecutionContextDao(db)
@@ -262,6 +263,13 @@ class JobRepository:
         return self.creation.create_step_executions(
             job_execution, steps, conn, started=started, context_of=context_of, extras=riders
         )
+
+    @property
+    def commits_with_final_write(self) -> bool:
+        """Whether a step's final write with its fence's guard is sent with the ``COMMIT`` in
+        one round trip (see ``CombinedStatements.run_guarded_write``): nothing holds the owner
+        row before that flight."""
+        return self.combined.commits_with_final_write
 
     @property
     def folds_guards(self) -> bool:

@@ -252,6 +252,12 @@ class Executor:
         fence = task.fence
         if fence is None or fence.outcome is None:
             return None
+        if fence.next_claim is None and fence.asked_for is not None:
+            # The final write asked for one but its row never came back: its COMMIT (sent with
+            # it) lost its acknowledgement and was found to have landed. What it claimed is
+            # read back and runs as any other claim.
+            self._read_back_following(task)
+            return None
         try:
             won = self.store.claimed_next(fence.next_claim)
             if won is None:
@@ -261,11 +267,24 @@ class Executor:
             log.exception(
                 "node %s could not take the partition it claimed next", task.identity.node_id
             )
-            try:
-                self._adopt_following(task)
-            except Exception as exc:  # noqa: BLE001 - its master recovers it once we leave
-                log.warning("could not read the partition claimed next: %s", exc)
+            self._read_back_following(task)
             return None
+
+    def _read_back_following(self, task: Task) -> None:
+        """:meth:`_adopt_following`, tried again (every heartbeat interval) while the database
+        does not answer, until the node is fenced or leaves: a partition claimed by a landed
+        write and never read back would stay CLAIMED on a live node."""
+        identity = task.identity
+        reading = Retry.every(
+            self.context.settings.heartbeat_interval / 1000,
+            lambda exc: not isinstance(exc, FencedError),
+            give_up=lambda: identity.fenced.is_set() or self.context.stopping,
+            on_retry=warn_once(log),
+        )
+        try:
+            reading.call(lambda: self._adopt_following(task), "read the partition claimed next")
+        except Exception as exc:  # noqa: BLE001 - fenced or leaving: its master recovers it
+            log.warning("could not read the partition claimed next: %s", exc)
 
     def _fence_for(self, task: Task, *, hand_on: bool = False) -> PartitionFence:
         p = task.partition

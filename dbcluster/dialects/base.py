@@ -426,8 +426,47 @@ class QueryProvider:
             select(func.count()).select_from(written).scalar_subquery().label("written"),
         )
         if not claim_next or not self.skip_locked():
-            return counts
+            one = counts.subquery("dbc_counts")
+            refused = self._refused_column(one)
+            if refused is None:
+                return counts
+            return select(one.c.guarded, one.c.written, refused)
         return self._claim_after(counts, written)
+
+    def refusal(self, guarded: Any, written: Any) -> ColumnElement[Any] | None:
+        """An expression over a folded final write's two counts (see :meth:`fold_guard`) that
+        raises an error, failing the statement and so its transaction, unless both are 1 (the
+        guard changed its row and the step execution was written); :meth:`refusal_of` reads
+        the counts back from that error. With it, the statement can be sent with its
+        ``COMMIT`` in one round trip (``Prebuilt.one_committing``): a refused guard then fails
+        the statement, and the ``COMMIT`` behind it is not run. None: the database has no such
+        expression (the caller reads the counts and rolls back)."""
+        return None
+
+    def refusal_of(self, error: BaseException) -> tuple[int, int] | None:
+        """The ``(guarded, written)`` counts of a folded final write whose :meth:`refusal`
+        raised ``error``; None for any other error."""
+        return None
+
+    def session_of(self, dbapi_connection: Any) -> Any | None:
+        """What identifies a driver connection's session on the server, read without a round
+        trip, for :meth:`end_session` after its ``COMMIT`` went unanswered (the outcome is read
+        only once that session is gone: ``batch.transactions.Settling``). None: unknown."""
+        return None
+
+    def end_session(self, session: Any) -> Select[Any] | None:
+        """A statement (run from another session) that ends ``session``; None: none."""
+        return None
+
+    def session_alive(self, session: Any) -> Select[Any] | None:
+        """A statement that returns a row while ``session`` still exists; None: none."""
+        return None
+
+    def _refused_column(self, counts: Any) -> Any | None:
+        """:meth:`refusal` over the counts subquery ``counts``, labelled ``dbc_r`` (NULL when
+        it does not raise); None where the database has none."""
+        refused = self.refusal(counts.c.guarded, counts.c.written)
+        return None if refused is None else refused.label("dbc_r")
 
     def _claim_after(self, counts: Select[Any], written: Any) -> Select[Any]:
         """A partition's final write that also claims the node's next partition (parameters
@@ -462,8 +501,12 @@ class QueryProvider:
         started = self._started_cte(claimed, bindparam("n_started_at"), "dbc_ns", se)
         won = self._won(claimed, started, jc, sc)
         one = counts.subquery("dbc_counts")
+        refused = self._refused_column(one)
         return select(
-            one.c.guarded, one.c.written, *self._claimed_columns(claimed, started, jc, sc)
+            one.c.guarded,
+            one.c.written,
+            *(() if refused is None else (refused,)),
+            *self._claimed_columns(claimed, started, jc, sc),
         ).select_from(one.outerjoin(won, true()))
 
     def insert_unless_present(self, table: Table, key: Sequence[str]) -> Insert | None:

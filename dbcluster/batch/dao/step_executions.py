@@ -167,9 +167,36 @@ class StepExecutionDao(Dao):
         if context:
             text = execution.execution_context.to_json()
             values.update(context_values(execution.id, text))
+        one_statement = combined is not None or (guard is not None and context)
+
+        def stale() -> OptimisticLockingFailureError:
+            return OptimisticLockingFailureError(
+                f"step execution {execution.id} ({execution.step_name!r}, version "
+                f"{execution.version}) was updated by someone else"
+                f"{' or its context no longer exists' if one_statement else ''}; "
+                f"this update was refused"
+            )
+
+        def written() -> None:
+            execution.version += 1
+            execution.last_updated = now
+            if text is not None:
+                execution.execution_context.mark_saved(text)
+
         with self.db.transaction(conn) as c:
             if guard is not None:
-                refused = self.combined.run_guarded_write(c, guard, values, context)
+                transactions = self.db.transactions
+                refused = self.combined.run_guarded_write(
+                    c,
+                    guard,
+                    values,
+                    context,
+                    stale=stale,
+                    written=written,
+                    defer=None if conn is None else lambda end: transactions.close_with(c, end),
+                )
+                if refused is None or not refused:
+                    return  # written (or handed to the COMMIT, which writes it)
             elif combined is not None:  # both rows or neither: 0 is a refusal
                 refused = c.execute(combined, values).rowcount == 0
             else:
@@ -177,17 +204,8 @@ class StepExecutionDao(Dao):
                     self.contexts.write_step_context(c, execution, values)
                 refused = c.execute(UPDATE_STEP, values).rowcount != 1
             if refused:
-                one_statement = combined is not None or (guard is not None and context)
-                raise OptimisticLockingFailureError(
-                    f"step execution {execution.id} ({execution.step_name!r}, version "
-                    f"{execution.version}) was updated by someone else"
-                    f"{' or its context no longer exists' if one_statement else ''}; "
-                    f"this update was refused"
-                )
-        execution.version += 1
-        execution.last_updated = now
-        if text is not None:
-            execution.execution_context.mark_saved(text)
+                raise stale()
+        written()
 
     @staticmethod
     def fail_running(
