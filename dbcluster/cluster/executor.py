@@ -185,6 +185,30 @@ class Executor:
             and not self.context.stopping
         )
 
+    def _begin_all(self, tasks: list[Task]) -> bool:
+        """Start every one of ``tasks`` (a group), or none."""
+        with self._lock:
+            if not all(self._can_begin(task) for task in tasks):
+                return False
+            for task in tasks:
+                task.state = RUNNING
+            return True
+
+    def _unbegin(self, tasks: list[Task]) -> None:
+        """Those of ``tasks`` still running are claimed again (a group that did not commit:
+        each then runs alone)."""
+        with self._lock:
+            for task in tasks:
+                if task.state == RUNNING:
+                    task.state = CLAIMED
+
+    @staticmethod
+    def _entering(node_id: str, attempt: int) -> None:
+        """The partition about to run, for user code (:data:`current_node_id`,
+        :data:`current_attempt`)."""
+        current_node_id.set(node_id)
+        current_attempt.set(attempt)
+
     def _begin(self, task: Task) -> bool:
         with self._lock:
             if not self._can_begin(task):

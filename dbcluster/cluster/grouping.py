@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Any
 
 from sqlalchemy import Connection
 
@@ -32,15 +32,17 @@ from dbcluster.batch.grouped import Ungrouped, commit_group, groupable
 from dbcluster.batch.transactions import UnclearCommitError
 from dbcluster.states import PARTITION_COMPLETED
 
-if TYPE_CHECKING:
-    from dbcluster.cluster.executor import Executor, Task
+#: The executor (``cluster/executor.py``) and its tasks, typed loosely here: the executor
+#: imports this module, and no circle of imports is allowed.
+Executor = Any
+Task = Any
 
 log = logging.getLogger("dbcluster.node")
 
 #: A node groups partitions only while its partitions ran shorter than this on average
 #: (milliseconds): a group's transaction lasts as long as its partitions together, and holds
 #: their rows' locks that long.
-GROUP_BELOW_MS = 100
+GROUP_BELOW_MS = 250
 
 
 class Grouping:
@@ -115,14 +117,9 @@ class Grouping:
         """Run ``tasks`` (claimed, of one step) as one group. Returns those to run alone, each
         CLAIMED again (all of them when the group did not commit; none when it did, or when
         its unclear commit was judged per partition)."""
-        from dbcluster.cluster.executor import CLAIMED, RUNNING
-
         ex = self.executor
-        with ex._lock:
-            if any(not ex._can_begin(task) for task in tasks):
-                return tasks
-            for task in tasks:
-                task.state = RUNNING
+        if not ex._begin_all(tasks):
+            return tasks
         try:
             committed = self._commit(tasks)
         except UnclearCommitError as error:
@@ -134,10 +131,7 @@ class Grouping:
             committed = False
         if committed:
             return []
-        with ex._lock:
-            for task in tasks:
-                if task.state == RUNNING:
-                    task.state = CLAIMED
+        ex._unbegin(tasks)
         return tasks
 
     def _commit(self, tasks: list[Task]) -> bool:
@@ -157,10 +151,7 @@ class Grouping:
         identity = tasks[0].identity
 
         def entering(se: StepExecution) -> None:
-            from dbcluster.cluster.executor import current_attempt, current_node_id
-
-            current_node_id.set(identity.node_id)
-            current_attempt.set(attempts[se.id])
+            ex._entering(identity.node_id, attempts[se.id])
 
         def guard(conn: Connection, ses: Sequence[StepExecution]) -> None:
             if identity.fenced.is_set():
