@@ -215,7 +215,8 @@ def test_a_slot_runs_the_partitions_it_claimed_one_after_another(
     """One slot, eight partitions: after the first claim, each final write claims the next,
     so the poller claims only at the start (where the final write is one statement; elsewhere
     the poller claims each); every partition completes once."""
-    settings = FAST_SETTINGS.with_overrides(concurrency_limit=1)
+    # Grouped commits off: a groupable step's partitions do not hand their slot on.
+    settings = FAST_SETTINGS.with_overrides(concurrency_limit=1, commit_group_size=1)
     registry = build_registry(per_node=8)
     master = make_cluster(settings, work=False, registry=registry)
     worker = make_cluster(settings, registry=registry)
@@ -245,7 +246,8 @@ def test_a_final_write_whose_commit_acknowledgement_is_lost_runs_what_it_claimed
     """The COMMIT that ended a partition and claimed the next landed, but the node did not hear
     so: it judges the commit from the step's version, and the slot still runs the partition that
     commit claimed (left CLAIMED and unrun, it would hold the job up until the node leaves)."""
-    settings = FAST_SETTINGS.with_overrides(concurrency_limit=1)
+    # Grouped commits off: a groupable step's partitions do not hand their slot on.
+    settings = FAST_SETTINGS.with_overrides(concurrency_limit=1, commit_group_size=1)
     registry = build_registry(per_node=6)
     master = make_cluster(settings, work=False, registry=registry)
     worker = make_cluster(settings, registry=registry)
