@@ -17,6 +17,18 @@ Points and the details they pass:
 - ``job.before_commit``: ``conn``, ``job_execution``: a master's job-level write.
 - ``transaction.before_commit``: after any of the three above, last thing before ``COMMIT``
   (the test application observes there what its transaction holds at commit time).
+- ``group.before_final_write``: ``conn``, ``step_executions``: a group of partitions ran its
+  bodies in one transaction (see ``cluster/grouping.py``) and is about to take their rows;
+  then each member reaches the three points above (with ``group``) as its own transaction
+  would.
+- ``driver.execute``: ``conn``, ``sql``: a prebuilt statement is about to go out on the
+  driver's own cursor (``dbcluster.prebuilt``), where no ``do_execute`` listener sees it; a
+  fault harness that fails statements there marks its ``do_execute`` listener
+  ``sees_driver_path = True`` so the path stays in use (``testing/faults.py``).
+- ``transaction.commit_sent``: ``conn``, ``sql``: a transaction's last statement (``sql``) and
+  its ``COMMIT`` went out together and their results came back (``Prebuilt.one_committing``);
+  a handler raising a lost connection's error here is a ``COMMIT`` whose acknowledgement was
+  lost.
 - ``master.after_create_execution``: ``job_execution``: the execution and its coordination row
   committed (with a first run's partitions, where they were placed in that transaction: see
   ``Cluster.create_execution``); the master has not started the job.

@@ -33,7 +33,9 @@ SQLAlchemy, and no transaction is left open for SQLAlchemy to end.
 
 from __future__ import annotations
 
+import functools
 import re
+import sys
 from collections import namedtuple
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -41,6 +43,8 @@ from typing import Any
 from sqlalchemy import Connection
 from sqlalchemy.engine import CursorResult, Dialect
 from sqlalchemy.exc import MultipleResultsFound, NoResultFound
+
+from dbcluster import points
 
 _NAMED = ("pyformat", "named")
 #: SQLAlchemy's handling of a failed statement (2.0 and 2.1); without it, every statement takes
@@ -177,6 +181,48 @@ class Prebuilt:
             raise MultipleResultsFound("Multiple rows were found when exactly one was required")
         return rows[0]
 
+    def one_committing(self, conn: Connection, params: Mapping[str, Any]) -> Any | None:
+        """Its one row, the statement sent with ``COMMIT`` behind it in one round trip (the
+        driver's pipeline: psycopg): the last statement of ``conn``'s transaction and its
+        commit. None, having sent nothing, where that cannot be done unseen (see
+        :func:`commits_in_pipeline`): the caller runs it and commits as usual.
+
+        An error of the statement fails the pipeline: the ``COMMIT`` behind it is not run, the
+        transaction is left failed for the caller to roll back, and the error is raised as
+        SQLAlchemy raises a statement's. A connection lost on the way leaves the outcome
+        unclear, as a lost ``COMMIT`` does (the caller settles the session before it reads
+        the outcome: see ``Transactions``). Once it returns, the transaction has committed
+        (SQLAlchemy's own commit that follows finds nothing left to commit)."""
+        if self.raw is None or not commits_in_pipeline(conn):
+            return None
+        values = self._values(params)
+        dbapi_connection: Any = conn.connection.dbapi_connection
+        raw_cursor, raw_sql, order = self.raw
+        cursor = raw_cursor(dbapi_connection)
+        rows: list[Any] = []
+        try:
+            points.reach("driver.execute", conn=conn, sql=self.sql)
+            with dbapi_connection.pipeline():
+                cursor.execute(raw_sql, [values[name] for name in order])
+                dbapi_connection.cursor().execute(b"COMMIT")
+            points.reach("transaction.commit_sent", conn=conn, sql=self.sql)
+            rows = cursor.fetchmany(2)
+            row_type = self._row
+            if row_type is None:
+                row_type = self._row = _row_type(tuple(d[0] for d in cursor.description))
+            cursor.close()
+        except BaseException as error:
+            try:
+                cursor.close()
+            except Exception:  # noqa: BLE001, S110 - the statement's own error is raised
+                pass
+            conn._handle_dbapi_exception(error, self.sql, values, cursor, None)
+        if len(rows) != 1:
+            if not rows:
+                raise NoResultFound("No row was found when one was required")
+            raise MultipleResultsFound("Multiple rows were found when exactly one was required")
+        return tuple.__new__(row_type, rows[0])
+
     def all(self, conn: Connection, params: Mapping[str, Any]) -> list[Any]:
         """Its rows (as :meth:`execute` then ``.all()``), read as :meth:`one` reads."""
         return self._rows(conn, self._values(params), None)
@@ -191,6 +237,7 @@ class Prebuilt:
         dbapi_connection = conn.connection.dbapi_connection
         cursor = None
         try:
+            points.reach("driver.execute", conn=conn, sql=self.sql)
             if self.raw is not None:
                 raw_cursor, raw_sql, order = self.raw
                 cursor = raw_cursor(dbapi_connection)
@@ -274,8 +321,48 @@ def _direct(conn: Connection) -> bool:
         and not conn.dialect.requires_name_normalize
         and not conn.dispatch.before_cursor_execute
         and not conn.dispatch.after_cursor_execute
-        and not conn.dialect.dispatch.do_execute
+        and all(_sees_driver_path(f) for f in conn.dialect.dispatch.do_execute)
     )
+
+
+def _sees_driver_path(listener: Any) -> bool:
+    """Whether a ``do_execute`` listener also watches the driver's path (through the fault
+    point ``driver.execute``, as the fault harness's cut switch does), so the path need not
+    be given up for it: a function marked ``sees_driver_path = True``."""
+    return getattr(listener, "sees_driver_path", False) is True
+
+
+def commits_in_pipeline(conn: Connection) -> bool:
+    """Whether a statement and the ``COMMIT`` of ``conn``'s transaction can be sent together,
+    unseen: the driver has a pipeline (psycopg 3 on libpq 14 or later), the statement may run
+    on the driver's path (see :func:`_direct`), the connection is in a transaction SQLAlchemy
+    began, and nothing would see the commit happen before SQLAlchemy's own: no ``commit``
+    listener, no commit of the dialect's replaced on this engine (a test's fault)."""
+    if not (conn.in_transaction() and _direct(conn)):
+        return False
+    if conn.dispatch.commit or "do_commit" in vars(conn.dialect):
+        return False
+    dbapi_connection: Any = conn.connection.dbapi_connection
+    if getattr(dbapi_connection, "autocommit", True):
+        return False
+    return _pipelines(type(dbapi_connection))
+
+
+def driver_pipelines(dialect: Dialect) -> bool:
+    """Whether the dialect's driver can send a statement and ``COMMIT`` in one round trip
+    (see :meth:`Prebuilt.one_committing`)."""
+    connection = getattr(dialect.dbapi, "Connection", None)
+    return isinstance(connection, type) and _pipelines(connection)
+
+
+@functools.cache
+def _pipelines(driver_connection: type) -> bool:
+    """Whether connections of this class have a pipeline the linked client library supports."""
+    if getattr(driver_connection, "pipeline", None) is None:
+        return False
+    module = sys.modules.get(driver_connection.__module__.split(".")[0])
+    supported = getattr(getattr(module, "Pipeline", None), "is_supported", None)
+    return bool(supported is not None and supported())
 
 
 def _autocommit_unseen(conn: Connection) -> bool:

@@ -62,14 +62,16 @@ class FoldedGuard:
     params: dict[str, Any]
     #: The error to raise when the guard changed no row.
     refused: Callable[[], FencedError]
-    #: Called once the write changed the owner row and the step's (before ``COMMIT``).
+    #: Called once the transaction that wrote the owner row and the step's committed (also
+    #: when its unclear commit was found to have landed; never after a try that failed).
     done: Callable[[], None]
     #: The parameters of what the owner asks to write next in the same statement, once the
     #: step's write changed its rows (a cluster node claims its next partition there: see
     #: ``QueryProvider.fold_guard``); None: nothing.
     then_params: dict[str, Any] | None = None
-    #: Given the statement's row when ``then_params`` was written (before ``COMMIT``: the
-    #: transaction may still roll back or be tried again).
+    #: Given the statement's row when ``then_params`` was written (before ``COMMIT``, or with
+    #: it where the statement was sent with it: the transaction may still roll back or be tried
+    #: again; a row lost with an unclear commit that landed is never given).
     took: Callable[[Any], None] | None = None
 
 

@@ -53,6 +53,7 @@ class PartitionedJobOptions(TypedDict, total=False):
     partitions: int
     chunk_size: int
     transferable: bool
+    transactional: bool
     max_attempts: int
     retry_on: Sequence[type[BaseException]]
     retry_backoff: float | timedelta
@@ -142,6 +143,7 @@ def _build(
     partitions: int | None = None,
     chunk_size: int = 1000,
     transferable: bool = True,
+    transactional: bool = False,
     max_attempts: int = 3,
     retry_on: Sequence[type[BaseException]] = (),
     retry_backoff: float | timedelta = 1.0,
@@ -171,7 +173,9 @@ def _build(
         raise StepConfigurationError(
             f"partitioned_job {job_name!r}: chunk_size must be at least 1, not {chunk_size}"
         )
-    worker = TaskletStep(f"{job_name}-slice", _chunks(function, chunk_size))
+    worker = TaskletStep(
+        f"{job_name}-slice", _chunks(function, chunk_size), transactional=transactional
+    )
     step = IdRangeStep(
         job_name,
         worker,
@@ -219,6 +223,10 @@ def partitioned_job(
     - ``transferable`` (default True): a partition whose node died runs again elsewhere, from its
       last committed chunk. Say False when a chunk's effect outside the step's transaction must
       never happen twice: such a partition fails with its node instead.
+    - ``transactional`` (default False): say True when ``function`` writes only through
+      ``ctx.connection`` (nothing outside the chunk's transaction): a node may then run several
+      small partitions (one chunk each) in one transaction (grouped commits, see
+      :class:`~dbcluster.batch.TaskletStep` and docs/cluster.md).
     - ``max_attempts``, ``retry_on``, ``retry_backoff``, ``timeout``: as
       :class:`~dbcluster.batch.PartitionStep`; ``incrementer``, ``validator``, ``auto_restart``:
       as :class:`~dbcluster.batch.Job`.

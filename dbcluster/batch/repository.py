@@ -31,7 +31,7 @@ from dbcluster.batch.domain import JobExecution, JobInstance, PartitionsEnded, S
 from dbcluster.batch.fence import FoldedGuard
 from dbcluster.batch.parameters import JobParameters
 from dbcluster.batch.status import BatchStatus
-from dbcluster.batch.transactions import RetryPolicy, Transactions
+from dbcluster.batch.transactions import RetryPolicy, Settling, Transactions
 
 __all__ = ["InsertExtras", "JobRepository", "Riders"]
 
@@ -56,10 +56,11 @@ class JobRepository:
         #: database makes each statement one round trip (no BEGIN, no ROLLBACK).
         self.reader = reader or engine
         #: Step and job transactions, repeated on transient errors under ``retry``.
-        self.transactions = Transactions(engine, retry)
+        provider = _provider(engine)
+        self.transactions = Transactions(engine, retry, Settling.of(provider))
         db = Connections(engine, self.transactions, self.reader)
         #: This database's combined statements, built once (see :mod:`dbcluster.batch.dao`).
-        self.combined = CombinedStatements(_provider(engine), engine.dialect)
+        self.combined = CombinedStatements(provider, engine.dialect)
         #: The data access objects behind this façade.
         self.instances = JobInstanceDao(db)
         self.contexts = ExecutionContextDao(db)
@@ -76,6 +77,13 @@ class JobRepository:
         """Verifier of an unclear commit: the step execution's row carries ``version``. A row
         at any other version than that or the one before was written by someone else."""
         return self.step_executions.step_version_is(execution, version)
+
+    def step_versions_are(
+        self, executions: Sequence[StepExecution], versions: Sequence[int]
+    ) -> Callable[[Connection], bool]:
+        """Verifier of an unclear commit of a group's transaction (see
+        :meth:`StepExecutionDao.step_versions_are`)."""
+        return self.step_executions.step_versions_are(executions, versions)
 
     def job_version_is(self, execution: JobExecution, version: int) -> Callable[[Connection], bool]:
         """Verifier of an unclear commit of a job-execution write (see :meth:`step_version_is`)."""
@@ -257,6 +265,13 @@ class JobRepository:
         )
 
     @property
+    def commits_with_final_write(self) -> bool:
+        """Whether a step's final write with its fence's guard is sent with the ``COMMIT`` in
+        one round trip (see ``CombinedStatements.run_guarded_write``): nothing holds the owner
+        row before that flight."""
+        return self.combined.commits_with_final_write
+
+    @property
     def folds_guards(self) -> bool:
         """Whether :meth:`update_step_execution` runs a fence's guard in its own statement."""
         return self.combined.folds_guards
@@ -273,6 +288,11 @@ class JobRepository:
         execution context too; ``guard``: the fence's final guarded write, in the same statement
         (only where :attr:`folds_guards`; see :meth:`StepExecutionDao.update_step_execution`)."""
         self.step_executions.update_step_execution(execution, conn, context=context, guard=guard)
+
+    def update_step_executions(self, executions: Sequence[StepExecution], conn: Connection) -> None:
+        """The final writes of a group's executions in ``conn``'s transaction (see
+        :meth:`StepExecutionDao.update_step_executions`)."""
+        self.step_executions.update_step_executions(executions, conn)
 
     def update_step_execution_context(
         self, execution: StepExecution, conn: Connection | None = None

@@ -98,13 +98,16 @@ def commit_step(
     before = se.snapshot()
     tries = 0
     ending = final
+    #: The fence's final guard the last try's write carried (told once the commit landed).
+    folded: FoldedGuard | None = None
 
     def body(conn: Connection) -> T | None:
-        nonlocal tries, ending
+        nonlocal tries, ending, folded
         if tries:
             se.restore(before)
         tries += 1
         ending = final
+        folded = None
         result = work(conn) if work is not None else None
         if not final and ends is not None and ends(result):  # type: ignore[arg-type]
             conclude_step(se)
@@ -114,11 +117,12 @@ def commit_step(
             if ending:
                 folded = fold_finish(se, runtime)
                 if folded is not None:
-                    # The fence's guard and the step's write in one statement (guard first).
+                    # The fence's guard and the step's write in one statement (guard first;
+                    # sent with the COMMIT where the driver can). The fence learns its outcome
+                    # once the commit landed (below), never from a try that failed.
                     repository.update_step_execution(
                         se, conn, context=se.execution_context.dirty, guard=folded
                     )
-                    folded.done()
                     return result
                 se.fence.finish(conn, se)
             else:
@@ -143,6 +147,8 @@ def commit_step(
     except BaseException:
         se.restore(before)
         raise
+    if folded is not None:
+        folded.done()
     if ending and not final:
         se.end_recorded = True
     if work is not None:

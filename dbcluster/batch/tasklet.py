@@ -36,11 +36,21 @@ def is_finished(result: TaskletResult) -> bool:
 
 class TaskletStep(Step):
     """Calls ``tasklet(chunk_context)`` until it is finished; each call is one transaction in which
-    the step's counters and context are committed (write through ``chunk_context.connection``)."""
+    the step's counters and context are committed (write through ``chunk_context.connection``).
 
-    def __init__(self, name: str, tasklet: Tasklet, **options: Any) -> None:
+    ``transactional=True`` declares that a call's every effect is in that transaction (it writes
+    through ``chunk_context.connection`` only, and nothing outside the database): a call that
+    rolls back left nothing behind. A cluster node may then run several partitions of this step
+    in one transaction (grouped commits, docs/cluster.md): a group that fails rolls back and
+    each of its partitions runs again alone, so its tasklet may be called twice for one
+    partition, the first call's effects undone."""
+
+    def __init__(
+        self, name: str, tasklet: Tasklet, *, transactional: bool = False, **options: Any
+    ) -> None:
         super().__init__(name, **options)
         self.tasklet = tasklet
+        self.transactional = transactional
 
     def do_execute(self, step_execution: StepExecution, runtime: BatchRuntime) -> None:
         se = step_execution

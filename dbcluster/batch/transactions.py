@@ -80,6 +80,53 @@ class UnclearCommitError(RuntimeError):
     """A ``COMMIT`` failed on the wire and its outcome could not be read back in time."""
 
 
+@dataclass(frozen=True)
+class Settling:
+    """How a database ends the session that sent an unclear ``COMMIT`` before its outcome is
+    read (PostgreSQL: the server process that ran it, by pid and client port). Until that
+    session is gone the transaction may still commit: a ``COMMIT`` the server already holds
+    in its input, behind a statement waiting on a lock, runs once the lock frees, even though
+    its client is gone. Each hook is the query provider's (see ``QueryProvider.session_of``)."""
+
+    #: The session of a driver connection, read without a round trip (None: cannot tell).
+    session_of: Callable[[Any], Any | None]
+    #: A statement that ends that session (None: the database has none).
+    end_session: Callable[[Any], Any | None]
+    #: A statement with a row while that session still exists.
+    session_alive: Callable[[Any], Any | None]
+
+    @classmethod
+    def of(cls, provider: Any) -> Settling | None:
+        """The provider's settling, where it has one."""
+        if getattr(provider, "session_of", None) is None:
+            return None
+        return cls(provider.session_of, provider.end_session, provider.session_alive)
+
+
+def settle_session(
+    engine: Engine, settling: Settling, session: Any, deadline: float, pause_s: float = 0.02
+) -> bool:
+    """From a fresh connection of ``engine``: end ``session`` (the one that sent an unclear
+    ``COMMIT``) and wait until the server no longer lists it, up to ``deadline`` (monotonic);
+    True once it is gone (its transaction committed or not, for good), False when it could not
+    be ended in time. A failure to connect or to run the statements is raised (the caller
+    tries again while its own deadline allows)."""
+    end, alive = settling.end_session(session), settling.session_alive(session)
+    if end is None or alive is None:
+        return False
+    with engine.connect() as conn:
+        conn.execute(end).all()
+        conn.commit()
+        while conn.execute(alive).first() is not None:
+            conn.commit()
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(pause_s)
+            conn.execute(end).all()
+        conn.commit()
+    return True
+
+
 def _roll_back(conn: Connection, transaction: Any, what: str) -> None:
     """Roll back after the body or the commit failed, without hiding that failure: a rollback
     that fails too (the server ended the session, e.g. past its idle-in-transaction bound) has
@@ -95,10 +142,15 @@ def _roll_back(conn: Connection, transaction: Any, what: str) -> None:
 class Transactions:
     """Runs a transaction body, repeating it on transient errors under a :class:`RetryPolicy`."""
 
-    def __init__(self, engine: Engine, policy: RetryPolicy | None = None) -> None:
+    def __init__(
+        self, engine: Engine, policy: RetryPolicy | None = None, settling: Settling | None = None
+    ) -> None:
         self.engine = engine
         self.policy = policy or RetryPolicy()
         self._retry = self.policy.retry()
+        #: How the session of an unclear commit is ended before its outcome is read (None:
+        #: it is read at once).
+        self.settling = settling
         #: Per thread: whether it is :meth:`holding`, and the connection it holds.
         self._held = threading.local()
 
@@ -157,6 +209,21 @@ class Transactions:
         conn = held.conn = self.engine.connect()
         return conn, True
 
+    def close_with(self, conn: Connection, closing: Callable[[], None]) -> bool:
+        """From inside :meth:`run`'s body on ``conn``: have ``closing`` end the transaction in
+        place of its ``COMMIT`` (it sends the transaction's last statement with the ``COMMIT``
+        behind it, in one round trip: see ``Prebuilt.one_committing``; one that finds it cannot
+        do so sends the statement and leaves the commit to :meth:`run`). It runs after the
+        body, once the fault points before ``COMMIT`` were reached, as a ``COMMIT`` would; a
+        failure is judged as a failed ``COMMIT`` is (an unclear outcome is verified once the
+        session is settled). False, registering nothing, outside a run on ``conn`` (the caller
+        runs its statement now)."""
+        local = self._held
+        if getattr(local, "closable", None) is not conn or getattr(local, "closing", None):
+            return False
+        local.closing = closing
+        return True
+
     def run(
         self,
         body: Callable[[Connection], T],
@@ -176,22 +243,33 @@ class Transactions:
         those reached in order (asked after ``body``).
         """
         run = self._retry.start(what)
+        local = self._held
         while True:
             committing = False
+            session = None
+            outer = getattr(local, "closable", None), getattr(local, "closing", None)
             try:
                 conn, held = self._connect()
                 done = False
                 try:
                     transaction = conn.begin()
                     try:
-                        result = body(conn)
+                        local.closable, local.closing = conn, None
+                        try:
+                            result = body(conn)
+                        finally:
+                            closing = local.closing
+                            local.closable, local.closing = outer
                         if isinstance(point, str):
                             points.reach(point, conn=conn, **details)
                         elif point is not None:
                             for name in point():
                                 points.reach(name, conn=conn, **details)
                         points.reach("transaction.before_commit", conn=conn, **details)
+                        session = self._session(conn)
                         committing = True
+                        if closing is not None:
+                            closing()
                         transaction.commit()
                         done = True
                     except BaseException:
@@ -216,7 +294,7 @@ class Transactions:
                         raise UnclearCommitError(
                             f"{what}: the commit's outcome is unknown ({error})"
                         ) from error
-                    if self._committed(verify, run, error):
+                    if self._committed(verify, run, error, session):
                         return result
                 if not run.again(error):
                     raise
@@ -226,15 +304,40 @@ class Transactions:
         transient errors under the policy."""
         return self._retry.call(work, what)
 
+    def _session(self, conn: Connection) -> Any | None:
+        """The session about to send ``COMMIT`` (see :class:`Settling`), or None."""
+        settling = self.settling
+        if settling is None:
+            return None
+        info = conn.connection.info
+        if "dbcluster_session" not in info:
+            info["dbcluster_session"] = settling.session_of(conn.connection.dbapi_connection)
+        return info["dbcluster_session"]
+
     def _committed(
-        self, verify: Callable[[Connection], bool], run: Retrying, error: BaseException
+        self,
+        verify: Callable[[Connection], bool],
+        run: Retrying,
+        error: BaseException,
+        session: Any | None = None,
     ) -> bool:
         """Read back whether an unclear commit took effect, while the database answers (until
-        the deadline of ``run``, the transaction's repetitions)."""
+        the deadline of ``run``, the transaction's repetitions), once the session that sent it
+        is gone where the database can end it (see :class:`Settling`)."""
         what = run.what
         verifying = self._retry.but(attempts=None).start(what, deadline=run.deadline)
+        settled = session is None or self.settling is None
         while True:
             try:
+                if not settled:
+                    assert self.settling is not None
+                    deadline = run.deadline or time.monotonic() + self.policy.deadline_s
+                    settled = settle_session(self.engine, self.settling, session, deadline)
+                    if not settled:
+                        raise UnclearCommitError(
+                            f"{what}: the session that sent the commit could not be ended in "
+                            f"time ({error})"
+                        ) from error
                 with self.engine.connect() as conn:
                     landed = verify(conn)
                 log.warning(

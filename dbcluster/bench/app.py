@@ -62,7 +62,8 @@ def insert_one(ctx: ChunkContext) -> RepeatStatus:
     return RepeatStatus.FINISHED
 
 
-DRAIN_WORKER = TaskletStep("drain.worker", insert_one)
+#: Its one INSERT is its only effect, in the step's transaction: its partitions may be grouped.
+DRAIN_WORKER = TaskletStep("drain.worker", insert_one, transactional=True)
 
 #: The latency scenario's user table: when each partition's body began (``time.time()`` of
 #: the worker process), one row per partition.

@@ -34,6 +34,7 @@ from dbcluster.batch.step import commit_step
 from dbcluster.batch.transactions import UnclearCommitError
 from dbcluster.cluster.claimed import ClaimedExecutions
 from dbcluster.cluster.fencing import RELEASED, RETRIED, PartitionFence
+from dbcluster.cluster.grouping import Grouping
 from dbcluster.cluster.identity import Identity
 from dbcluster.cluster.store import ClaimedPartition, PendingPartition
 from dbcluster.retry import Retry, warn_once
@@ -107,6 +108,10 @@ class Executor:
         #: How long this node's partitions ran lately (an exponential average, milliseconds);
         #: None before the first one ended.
         self.recent_run_ms: float | None = None
+        #: Claimed partitions run together (see :mod:`dbcluster.cluster.grouping`).
+        self.grouping = Grouping(self, context.settings.commit_group_size)
+        #: Slots running (each a partition, a chain of them, or a group).
+        self._busy = 0
 
     @property
     def load(self) -> int:
@@ -127,11 +132,27 @@ class Executor:
         with self._lock:
             return step_execution_id in self._tasks
 
+    def free_slots(self) -> int:
+        """Slots running nothing."""
+        with self._lock:
+            return self.capacity - self._busy
+
     def submit(self, identity: Identity, claimed: list[ClaimedPartition]) -> None:
-        """Run partitions a claim won (their step executions are already STARTED)."""
+        """Run partitions a claim won (their step executions are already STARTED): alone, or
+        several in one transaction (see :mod:`dbcluster.cluster.grouping`)."""
         tasks = [self._held(identity, won) for won in claimed]
-        for task in tasks:
-            self._pool.submit(self._run, task)
+        for batch in self.grouping.batches(tasks, self.free_slots()):
+            with self._lock:
+                self._busy += 1
+            try:
+                if len(batch) == 1:
+                    self._pool.submit(self._run, batch[0])
+                else:
+                    self._pool.submit(self._run_group, batch)
+            except RuntimeError:  # the pool shut down: the node is leaving
+                with self._lock:
+                    self._busy -= 1
+                raise
 
     def _held(self, identity: Identity, won: ClaimedPartition, after: str | None = None) -> Task:
         """A partition a claim won (the final write of partition ``after``, when it was that),
@@ -156,9 +177,41 @@ class Executor:
 
     # --- running a partition --------------------------------------------------------------------
 
+    def _can_begin(self, task: Task) -> bool:
+        """Whether ``task`` may start now (under the lock)."""
+        return (
+            task.state == CLAIMED
+            and not task.identity.fenced.is_set()
+            and not self.context.stopping
+        )
+
+    def _begin_all(self, tasks: list[Task]) -> bool:
+        """Start every one of ``tasks`` (a group), or none."""
+        with self._lock:
+            if not all(self._can_begin(task) for task in tasks):
+                return False
+            for task in tasks:
+                task.state = RUNNING
+            return True
+
+    def _unbegin(self, tasks: list[Task]) -> None:
+        """Those of ``tasks`` still running are claimed again (a group that did not commit:
+        each then runs alone)."""
+        with self._lock:
+            for task in tasks:
+                if task.state == RUNNING:
+                    task.state = CLAIMED
+
+    @staticmethod
+    def _entering(node_id: str, attempt: int) -> None:
+        """The partition about to run, for user code (:data:`current_node_id`,
+        :data:`current_attempt`)."""
+        current_node_id.set(node_id)
+        current_attempt.set(attempt)
+
     def _begin(self, task: Task) -> bool:
         with self._lock:
-            if task.state != CLAIMED or task.identity.fenced.is_set() or self.context.stopping:
+            if not self._can_begin(task):
                 return False
             task.state = RUNNING
             return True
@@ -166,10 +219,33 @@ class Executor:
     def _run(self, task: Task) -> None:
         """A slot: the partition, then each one its final write claimed next, on one pooled
         connection held from one to the next (see :meth:`Transactions.holding`)."""
+        try:
+            with self.repository.transactions.holding():
+                self._chain(task)
+        finally:
+            with self._lock:
+                self._busy -= 1
+
+    def _chain(self, task: Task) -> None:
         following: Task | None = task
-        with self.repository.transactions.holding():
-            while following is not None:
-                following = self._run_one(following)
+        while following is not None:
+            following = self._run_one(following)
+
+    def _run_group(self, tasks: list[Task]) -> None:
+        """A slot given several partitions of one step: run together where they still can
+        (see :mod:`dbcluster.cluster.grouping`), else each alone, one after another."""
+        try:
+            with self.repository.transactions.holding():
+                alone = self.grouping.run(tasks)
+                if not alone:
+                    for task in tasks:
+                        self._forget(task)
+                    self.on_free()
+                for task in alone:
+                    self._chain(task)
+        finally:
+            with self._lock:
+                self._busy -= 1
 
     def _run_one(self, task: Task) -> Task | None:
         p, identity = task.partition, task.identity
@@ -182,6 +258,7 @@ class Executor:
             began = time.monotonic()
             self._execute(task)
             self._ran_for(time.monotonic() - began)
+            self.grouping.ran_alone(task)
         except Exception as error:  # noqa: BLE001 - recorded once the database answers
             log.exception("node %s failed to run partition %s", identity.node_id, p.partition_name)
             self._fail_after_error(task, error)
@@ -199,6 +276,12 @@ class Executor:
         fence = task.fence
         if fence is None or fence.outcome is None:
             return None
+        if fence.next_claim is None and fence.asked_for is not None:
+            # The final write asked for one but its row never came back: its COMMIT (sent with
+            # it) lost its acknowledgement and was found to have landed. What it claimed is
+            # read back and runs as any other claim.
+            self._read_back_following(task)
+            return None
         try:
             won = self.store.claimed_next(fence.next_claim)
             if won is None:
@@ -208,11 +291,24 @@ class Executor:
             log.exception(
                 "node %s could not take the partition it claimed next", task.identity.node_id
             )
-            try:
-                self._adopt_following(task)
-            except Exception as exc:  # noqa: BLE001 - its master recovers it once we leave
-                log.warning("could not read the partition claimed next: %s", exc)
+            self._read_back_following(task)
             return None
+
+    def _read_back_following(self, task: Task) -> None:
+        """:meth:`_adopt_following`, tried again (every heartbeat interval) while the database
+        does not answer, until the node is fenced or leaves: a partition claimed by a landed
+        write and never read back would stay CLAIMED on a live node."""
+        identity = task.identity
+        reading = Retry.every(
+            self.context.settings.heartbeat_interval / 1000,
+            lambda exc: not isinstance(exc, FencedError),
+            give_up=lambda: identity.fenced.is_set() or self.context.stopping,
+            on_retry=warn_once(log),
+        )
+        try:
+            reading.call(lambda: self._adopt_following(task), "read the partition claimed next")
+        except Exception as exc:  # noqa: BLE001 - fenced or leaving: its master recovers it
+            log.warning("could not read the partition claimed next: %s", exc)
 
     def _fence_for(self, task: Task, *, hand_on: bool = False) -> PartitionFence:
         p = task.partition
@@ -250,7 +346,9 @@ class Executor:
         if se is None:
             log.error("partition %s has no step execution", p.step_execution_id)
             return
-        fence = self._fence_for(task, hand_on=True)
+        # A partition that could be grouped frees its slot as it ends (the poller claims the
+        # next ones for a group) rather than claiming the next one alone.
+        fence = self._fence_for(task, hand_on=not self.grouping.qualifies(p.worker_step_name))
         se.fence = fence
         with self._lock:
             task.step_execution = se

@@ -24,7 +24,7 @@ FAILOVER_MODES = ("takeover", "abandon")
 #: Settings that are text, not milliseconds.
 _TEXT = ("node_id_prefix", "master_failover")
 #: Settings that are counts, not milliseconds.
-_COUNTS = ("concurrency_limit", "prefetch_multiplier")
+_COUNTS = ("concurrency_limit", "prefetch_multiplier", "commit_group_size")
 #: Settings whose None means "derived from the others".
 _DERIVED = ("idle_transaction_timeout",)
 #: Settings whose None means "off".
@@ -110,6 +110,9 @@ class ClusterSettings:
     #: a partition is CLAIMED: if its node is killed, it moves when the node is removed
     #: (``cleanup_threshold``), not when the node turns unreachable as an unclaimed one does.
     prefetch_multiplier: int = 1
+    #: Up to this many short partitions of a tasklet step declared ``transactional`` run in one
+    #: transaction on a slot (grouped commits: docs/cluster.md); 1: each in its own.
+    commit_group_size: int = 8
     #: What a survivor does with a job whose master is gone: ``takeover`` (it becomes the master
     #: under the next epoch and finishes the job in the same execution) or ``abandon`` (it fails
     #: the job, to be restarted).

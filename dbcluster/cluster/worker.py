@@ -171,6 +171,9 @@ class Worker(Service):
         enough to hold ``prefetch_multiplier`` per slot, once no more are waiting than there
         are slots (so that one claim serves several partitions)."""
         held = self.load
+        group = self.executor.grouping.claim_size()
+        if group > 1:  # a group per free slot (see cluster/grouping.py)
+            return self.executor.free_slots() * group
         if not self.claims_ahead():
             return self.capacity - held
         if held > self.capacity:

@@ -347,6 +347,20 @@ class QueryProvider(
         engine would see another, empty database."""
         return False
 
+    def session_of(self, dbapi_connection: Any) -> Any | None:
+        """What identifies a driver connection's session on the server, read without a round
+        trip, for :meth:`end_session` after its ``COMMIT`` went unanswered (the outcome is read
+        only once that session is gone: ``batch.transactions.Settling``). None: unknown."""
+        return None
+
+    def end_session(self, session: Any) -> Select[Any] | None:
+        """A statement (run from another session) that ends ``session``; None: none."""
+        return None
+
+    def session_alive(self, session: Any) -> Select[Any] | None:
+        """A statement that returns a row while ``session`` still exists; None: none."""
+        return None
+
     # --- sessions -------------------------------------------------------------------------------
 
     #: The :class:`SessionLimits` of the engine this provider serves (set by ``make_engine``).

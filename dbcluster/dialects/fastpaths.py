@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import Insert, Select, Table, Update
+from sqlalchemy.sql.elements import ColumnElement
 
 from dbcluster import schema
 from dbcluster.dialects.family import StatementFamily
@@ -76,6 +77,27 @@ class FastPathStatements(StatementFamily):
         (``p_id`` NULL when nothing was won). None: the guard and the write are statements of
         their own."""
         return None
+
+    def refusal(self, guarded: Any, written: Any) -> ColumnElement[Any] | None:
+        """An expression over a folded final write's two counts (see :meth:`fold_guard`) that
+        raises an error, failing the statement and so its transaction, unless both are 1 (the
+        guard changed its row and the step execution was written); :meth:`refusal_of` reads
+        the counts back from that error. With it, the statement can be sent with its
+        ``COMMIT`` in one round trip (``Prebuilt.one_committing``): a refused guard then fails
+        the statement, and the ``COMMIT`` behind it is not run. None: the database has no such
+        expression (the caller reads the counts and rolls back)."""
+        return None
+
+    def refusal_of(self, error: BaseException) -> tuple[int, int] | None:
+        """The ``(guarded, written)`` counts of a folded final write whose :meth:`refusal`
+        raised ``error``; None for any other error."""
+        return None
+
+    def _refused_column(self, counts: Any) -> Any | None:
+        """:meth:`refusal` over the counts subquery ``counts``, labelled ``dbc_r`` (NULL when
+        it does not raise); None where the database has none."""
+        refused = self.refusal(counts.c.guarded, counts.c.written)
+        return None if refused is None else refused.label("dbc_r")
 
     # --- inserts --------------------------------------------------------------------------------
 

@@ -148,6 +148,22 @@ class PartitionStatements(StatementFamily):
             .values(status=status, last_updated=self.now())
         )
 
+    def finish_partitions(
+        self, node_id: Any, members: Sequence[tuple[Any, Any]], status: str
+    ) -> Update:
+        """:meth:`finish_partition` of several partitions in one statement (a grouped commit):
+        each ``(step_execution_id, attempt)`` of ``members`` CLAIMED by this node. The caller
+        requires it to change one row per member."""
+        if status not in (PARTITION_COMPLETED, PARTITION_FAILED):
+            raise ValueError(f"a partition finishes COMPLETED or FAILED, not {status}")
+        pt = partitions
+        each = or_(*(and_(pt.c.step_execution_id == i, pt.c.attempt == a) for i, a in members))
+        return (
+            update(pt)
+            .where(pt.c.assigned_node == node_id, pt.c.status == PARTITION_CLAIMED, each)
+            .values(status=status, last_updated=self.now())
+        )
+
     def retry_partition(self, step_execution_id: int, node_id: str, attempt: int) -> Update:
         """A failed try of a transferable partition, in its final transaction: back to PENDING,
         unassigned, next attempt, stamped with the time (its master places it again after its

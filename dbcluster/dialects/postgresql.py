@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import os
 import re
 import select as select_module
+import socket
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any, ClassVar
@@ -12,17 +14,24 @@ from typing import Any, ClassVar
 from sqlalchemy import (
     Engine,
     Insert,
+    Integer,
     Interval,
     Select,
     String,
     Table,
     Text,
+    and_,
     bindparam,
+    case,
+    cast,
     column,
     func,
     insert,
     literal,
+    literal_column,
+    null,
     select,
+    table,
     type_coerce,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, aggregate_order_by
@@ -103,6 +112,15 @@ class _Array(TypeDecorator[list[Any]]):
         return lambda value: value if value is None else _BinaryList(process(value))
 
 
+#: What a refused folded final write's error carries (see :meth:`PostgreSQLProvider.refusal`),
+#: then its two counts. The server quotes the value in its own language's marks; the value
+#: itself is never translated.
+_REFUSED = "dbcluster refused"
+_REFUSED_COUNTS = re.compile(rf"{_REFUSED} (\d+) (\d+)")
+#: The server's sessions, as ``pg_stat_activity`` lists them (to end one by pid and port).
+_ACTIVITY = table("pg_stat_activity", column("pid", Integer()), column("client_port", Integer()))
+
+
 def _sqlstate(orig: BaseException | None) -> str | None:
     """The error's SQLSTATE: psycopg gives ``sqlstate``, psycopg2 ``pgcode``."""
     return getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
@@ -151,6 +169,61 @@ class PostgreSQLProvider(WritableCTEProvider):
         super().configure_engine(engine, coordination=coordination, autocommit=autocommit)
         if engine.dialect.driver == "psycopg":
             _send_binary_lists()
+
+    def refusal(self, guarded: Any, written: Any) -> ColumnElement[Any] | None:
+        """``CASE WHEN guarded = 1 AND written = 1 THEN NULL ELSE CAST('dbcluster refused ' ||
+        guarded || ' ' || written AS INTEGER) END``: a text that is no integer fails the cast
+        (``invalid_text_representation``), only when the counts are not both 1. The text is
+        made from the counts, so the planner cannot fold the cast (and fail) ahead of time."""
+        one = literal_column("1")
+        text = (
+            literal_column(f"'{_REFUSED} '", Text())
+            .concat(guarded)
+            .concat(literal_column("' '", Text()))
+            .concat(written)
+        )
+        return case((and_(guarded == one, written == one), null()), else_=cast(text, Integer()))
+
+    def refusal_of(self, error: BaseException) -> tuple[int, int] | None:
+        """Judged by its SQLSTATE, in any language the server speaks: the counts are read from
+        the value the message quotes; a message without them (cut, or an unusual server) is a
+        refused guard, the safe reading (nothing of the transaction commits either way)."""
+        orig = getattr(error, "orig", None) or error
+        if _sqlstate(orig) != "22P02":  # invalid_text_representation
+            return None
+        found = _REFUSED_COUNTS.search(str(orig))
+        return (0, 0) if found is None else (int(found.group(1)), int(found.group(2)))
+
+    def session_of(self, dbapi_connection: Any) -> tuple[int, int] | None:
+        """The server process (pid) and the client port of a psycopg connection, read from
+        the driver without a round trip; None where it cannot be told."""
+        info = getattr(dbapi_connection, "info", None)
+        pid = getattr(info, "backend_pid", None)
+        pgconn = getattr(dbapi_connection, "pgconn", None)
+        if not pid or pgconn is None:
+            return None
+        try:
+            with socket.socket(fileno=os.dup(pgconn.socket)) as sock:
+                address = sock.getsockname()
+        except OSError:
+            return None
+        # A local socket has no port: pg_stat_activity says -1 for it.
+        port = address[1] if isinstance(address, tuple) else -1
+        return int(pid), int(port)
+
+    def end_session(self, session: Any) -> Select[Any] | None:
+        """``pg_terminate_backend`` of the session's process, waiting up to 1 s for it to end,
+        only while that pid still serves that client port (a new session never reuses both)."""
+        pid, port = session
+        return select(func.pg_terminate_backend(_ACTIVITY.c.pid, 1000)).where(
+            _ACTIVITY.c.pid == pid, _ACTIVITY.c.client_port == port
+        )
+
+    def session_alive(self, session: Any) -> Select[Any] | None:
+        pid, port = session
+        return select(_ACTIVITY.c.pid).where(
+            _ACTIVITY.c.pid == pid, _ACTIVITY.c.client_port == port
+        )
 
     def older_than(self, column: ColumnElement[Any], ms: int) -> ColumnElement[bool]:
         return column < self.now() - literal(timedelta(milliseconds=ms), Interval())

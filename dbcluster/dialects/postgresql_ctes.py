@@ -78,7 +78,11 @@ class WritableCTEProvider(QueryProvider):
             select(func.count()).select_from(written).scalar_subquery().label("written"),
         )
         if not claim_next or not self.skip_locked():
-            return counts
+            one = counts.subquery("dbc_counts")
+            refused = self._refused_column(one)
+            if refused is None:
+                return counts
+            return select(one.c.guarded, one.c.written, refused)
         return self._claim_after(counts, written)
 
     def _claim_after(self, counts: Select[Any], written: Any) -> Select[Any]:
@@ -114,8 +118,12 @@ class WritableCTEProvider(QueryProvider):
         started = self._started_cte(claimed, bindparam("n_started_at"), "dbc_ns", se)
         won = self._won(claimed, started, jc, sc)
         one = counts.subquery("dbc_counts")
+        refused = self._refused_column(one)
         return select(
-            one.c.guarded, one.c.written, *self._claimed_columns(claimed, started, jc, sc)
+            one.c.guarded,
+            one.c.written,
+            *(() if refused is None else (refused,)),
+            *self._claimed_columns(claimed, started, jc, sc),
         ).select_from(one.outerjoin(won, true()))
 
     def claim_and_start(

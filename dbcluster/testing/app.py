@@ -155,6 +155,10 @@ def _time_scale() -> float:
 
 
 TIME_SCALE = _time_scale()
+#: ``DBCLUSTER_TEST_GROUPED=1``: the partitions' tasklets (their effects are all in their
+#: transactions) are declared ``transactional``, so nodes group their short partitions (grouped
+#: commits: docs/cluster.md); the suite's and chaos's runs then exercise grouping.
+GROUPED = os.environ.get("DBCLUSTER_TEST_GROUPED", "0") == "1"
 
 #: Short thresholds for tests: a dead node is removed after one second (times TIME_SCALE).
 FAST_SETTINGS = ClusterSettings(
@@ -419,7 +423,7 @@ def build_registry(per_node: int = 4, items: int = 1000) -> JobRegistry:
         ("ledger-fixed", False),
         ("ledger-mixed", None),
     ):
-        worker = TaskletStep(f"{job_name}.worker", ledger_tasklet)
+        worker = TaskletStep(f"{job_name}.worker", ledger_tasklet, transactional=GROUPED)
         partitioner = RangePartitioner(transferable, per_node, items)
         registry.register(Job(job_name, [PartitionStep(f"{job_name}.master", worker, partitioner)]))
     # Retries and timeouts: a partition that fails with RetryableError is tried again (three
@@ -430,7 +434,7 @@ def build_registry(per_node: int = 4, items: int = 1000) -> JobRegistry:
             [
                 PartitionStep(
                     "ledger-retry.master",
-                    TaskletStep("ledger-retry.worker", ledger_tasklet),
+                    TaskletStep("ledger-retry.worker", ledger_tasklet, transactional=GROUPED),
                     RangePartitioner(True, per_node, items),
                     max_attempts=3,
                     retry_on=(RetryableError,),
@@ -448,7 +452,7 @@ def build_registry(per_node: int = 4, items: int = 1000) -> JobRegistry:
             [
                 PartitionStep(
                     "ledger-autorestart.master",
-                    TaskletStep("ledger-autorestart.worker", ledger_tasklet),
+                    TaskletStep("ledger-autorestart.worker", ledger_tasklet, transactional=GROUPED),
                     RangePartitioner(False, per_node, items),
                 )
             ],
@@ -479,7 +483,7 @@ def build_registry(per_node: int = 4, items: int = 1000) -> JobRegistry:
             [
                 PartitionStep(
                     "ledger-steps.master",
-                    TaskletStep("ledger-steps.worker", ledger_tasklet),
+                    TaskletStep("ledger-steps.worker", ledger_tasklet, transactional=GROUPED),
                     # Transferable: the step survives its workers' faults, so that its master
                     # gets to the step after it.
                     RangePartitioner(True, per_node, items),

@@ -238,6 +238,28 @@ def lose_commit_acks(engine: Engine, *, times: int, when: Callable[[list[str]], 
     return injected
 
 
+def lose_sent_commit_acks(engine: Engine, *, times: int, when: Callable[[str], bool]) -> Injected:
+    """For the first ``times`` transactions on ``engine`` whose last statement went out with
+    their ``COMMIT`` in one round trip (``Prebuilt.one_committing``) and whose SQL satisfies
+    ``when``: it committed, then fail as if the connection dropped before the acknowledgement
+    arrived (the outcome is unclear to the client; the database has it)."""
+    injected = Injected()
+    lock = threading.Lock()
+
+    def sent(conn: Any, sql: str, **_: Any) -> None:
+        if conn.engine is not engine:
+            return
+        with lock:
+            if injected.count >= times or not when(sql):
+                return
+            injected.count += 1
+        raise drop_connection(engine, conn.connection.dbapi_connection)
+
+    points.install("transaction.commit_sent", sent)
+    injected._undo.append(lambda: points.remove("transaction.commit_sent", sent))
+    return injected
+
+
 def lose_results(engine: Engine, *, times: int, when: Callable[[str], bool]) -> Injected:
     """For the first ``times`` statements on ``engine`` (an autocommit engine: each statement
     commits on its own) whose SQL satisfies ``when``: run it, then fail as if the connection

@@ -54,14 +54,28 @@ def install_cut_switch(path: str) -> None:
         return
     from sqlalchemy import Engine, event
 
+    from dbcluster import points
+
     cut = _Cut(path)
+
+    def execute(cursor: Any, statement: Any, parameters: Any, context: Any) -> None:
+        cut.execute(cursor, statement, parameters, context)
+
+    # It watches the driver's own path too (dbcluster.prebuilt's statements read off the
+    # driver's cursor, and a final write sent with its COMMIT): that path stays in use.
+    execute.sees_driver_path = True  # type: ignore[attr-defined]
+
+    def driver_execute(conn: Any, **_: Any) -> None:
+        cut._check(conn.dialect.loaded_dbapi)
+
     # Returning None lets the dialect run the statement as usual; raising fails it the way a
     # lost connection does (SQLAlchemy wraps the driver error).
-    event.listen(Engine, "do_execute", cut.execute)
+    event.listen(Engine, "do_execute", execute)
     event.listen(Engine, "do_executemany", cut.execute)
     event.listen(Engine, "do_execute_no_params", cut.execute_no_params)
     event.listen(Engine, "do_connect", cut.connect)
     event.listen(Engine, "handle_error", _cut_is_a_disconnect)
+    points.install("driver.execute", driver_execute)
     _installed.add(path)
 
 

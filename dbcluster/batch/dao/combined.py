@@ -18,7 +18,8 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Select, bindparam, func, insert, select, true
+from sqlalchemy import Connection, Select, bindparam, func, insert, literal_column, select, true
+from sqlalchemy.exc import DBAPIError
 
 from dbcluster.batch.dao.statements import (
     CONTEXT_VALUE_COLUMNS,
@@ -37,7 +38,7 @@ from dbcluster.batch.dao.statements import (
     UPDATE_STEP_CONTEXT,
 )
 from dbcluster.batch.fence import FoldedGuard
-from dbcluster.prebuilt import Prebuilt, PrebuiltStatements
+from dbcluster.prebuilt import Prebuilt, PrebuiltStatements, driver_pipelines
 
 
 @dataclass
@@ -114,6 +115,13 @@ class CombinedStatements:
         #: the guard and the write go apart).
         self._build_guarded_write = provider.fold_guard if provider.supports_writable_cte else None
         self._guarded_writes: dict[tuple[Any, bool, bool], Any] = {}
+        self.provider = provider
+        #: Whether that statement fails when its guard or its write is refused (the provider's
+        #: ``refusal``): it may then be sent with the ``COMMIT``, where the driver pipelines.
+        self.refuses = (
+            folds and provider.refusal(literal_column("0"), literal_column("0")) is not None
+        )
+        self.commits_with_final_write = self.refuses and driver_pipelines(dialect)
         #: The statements above, prebuilt (see :mod:`dbcluster.prebuilt`).
         self.prebuilt = PrebuiltStatements(dialect)
         #: Whether a creating statement can carry :class:`InsertExtras`; and each one that does,
@@ -172,24 +180,70 @@ class CombinedStatements:
         return found
 
     def run_guarded_write(
-        self, conn: Connection, guard: FoldedGuard, values: Mapping[str, Any], context: bool
-    ) -> bool:
+        self,
+        conn: Connection,
+        guard: FoldedGuard,
+        values: Mapping[str, Any],
+        context: bool,
+        *,
+        stale: Callable[[], Exception],
+        written: Callable[[], None],
+        defer: Callable[[Callable[[], None]], bool] | None = None,
+    ) -> bool | None:
         """Run a step's final write (``values``; with ``context``, its context's too) with its
         fence's ``guard`` first, in one statement; raise the guard's refusal where the guard
         changed no row. Returns whether the step's write was refused (its version moved, or its
-        context is gone)."""
+        context is gone: ``stale()`` is the error), having called ``written()`` where it was
+        not.
+
+        Where the statement fails when refused (``refuses``), runs prebuilt and the driver
+        pipelines, it is handed to the transaction's end (``defer``: see
+        ``Transactions.close_with``) and sent with the ``COMMIT`` in one round trip: the
+        partition row is then taken in the very flight that commits, and a refusal fails the
+        statement, so the ``COMMIT`` behind it never runs. Then None is returned, and
+        ``written()`` is called just before that flight (a commit whose acknowledgement is lost
+        may be found to have landed, with no row to read; a failure restores the step)."""
         then = guard.then_params is not None
         params = {**values, **guard.params, **(guard.then_params or {})}
         write = self.guarded_write(guard.statement, context, then, conn.dialect)
-        if isinstance(write, Prebuilt):
-            row = write.one(conn, params)
-        else:
-            row = conn.execute(write, params).one()
+
+        def run(commit: bool) -> Any:
+            try:
+                if not isinstance(write, Prebuilt):
+                    return conn.execute(write, params).one()
+                row = write.one_committing(conn, params) if commit else None
+                return write.one(conn, params) if row is None else row
+            except DBAPIError as error:
+                counts = self.provider.refusal_of(error) if self.refuses else None
+                if counts is None:
+                    raise
+                raise (guard.refused() if counts[0] != 1 else stale()) from None
+
+        def took(row: Any) -> None:
+            if then and guard.took is not None:
+                guard.took(row._mapping)
+
+        def closing() -> None:
+            written()
+            row = run(commit=True)
+            if row.guarded != 1 or row.written != 1:
+                raise guard.refused() if row.guarded != 1 else stale()
+            took(row)
+
+        if (
+            self.commits_with_final_write
+            and defer is not None
+            and isinstance(write, Prebuilt)
+            and defer(closing)
+        ):
+            return None
+        row = run(commit=False)
         if row.guarded != 1:
             raise guard.refused()
         refused: bool = row.written != 1
-        if then and not refused and guard.took is not None:
-            guard.took(row._mapping)
+        if not refused:
+            took(row)
+            written()
         return refused
 
 

@@ -10,7 +10,13 @@ from typing import Any
 from sqlalchemy import Connection, func, select, update
 
 from dbcluster.batch.dao.combined import CombinedStatements
-from dbcluster.batch.dao.connections import Connections, Dao, retried_read, version_is
+from dbcluster.batch.dao.connections import (
+    Connections,
+    Dao,
+    judge_version,
+    retried_read,
+    version_is,
+)
 from dbcluster.batch.dao.contexts import ExecutionContextDao
 from dbcluster.batch.dao.job_executions import JobExecutionDao
 from dbcluster.batch.dao.rows import (
@@ -28,6 +34,7 @@ from dbcluster.batch.dao.statements import (
     STEP_CONTEXT,
     STEP_EXECUTION,
     UPDATE_STEP,
+    UPDATE_STEP_CONTEXT,
 )
 from dbcluster.batch.domain import (
     COUNTER_NAMES,
@@ -71,7 +78,72 @@ class StepExecutionDao(Dao):
             f"step execution {execution.id}",
         )
 
+    def step_versions_are(
+        self, executions: Sequence[StepExecution], versions: Sequence[int]
+    ) -> Callable[[Connection], bool]:
+        """Verifier of an unclear commit of a group's transaction (see
+        :mod:`dbcluster.batch.grouped`): every step execution's row carries its ``versions``
+        entry with the status the group wrote (True), or none does (False: the rows not at the
+        version before were ended by someone else, who moved their partitions first); raises
+        when a row is at neither version."""
+        expected = {se.id: (version, se) for se, version in zip(executions, versions, strict=True)}
+        read = select(
+            STEP_EXECUTION.c.step_execution_id, STEP_EXECUTION.c.version, STEP_EXECUTION.c.status
+        ).where(STEP_EXECUTION.c.step_execution_id.in_(list(expected)))
+
+        def verify(conn: Connection) -> bool:
+            found = {int(r[0]): (r[1], r[2]) for r in conn.execute(read)}
+            landed = []
+            for step_id, (version, se) in expected.items():
+                row_version, status = found.get(step_id, (None, None))
+                written = judge_version(row_version, version, f"step execution {step_id}")
+                landed.append(written and status == se.status.value)
+            return all(landed)
+
+        return verify
+
     # --- writing -----------------------------------------------------------------------------
+
+    def update_step_executions(self, executions: Sequence[StepExecution], conn: Connection) -> None:
+        """The final writes of a group's step executions (each at its version, with its
+        context where that changed) in ``conn``'s transaction, as few statements as the driver
+        allows (an executemany; psycopg pipelines it); each bumps its ``version``. Raises
+        :class:`OptimisticLockingFailureError` unless every row was written."""
+        now = utcnow()
+        steps, contexts, texts = [], [], []
+        for execution in executions:
+            values = execution_values(execution, now)
+            for name in COUNTER_NAMES:
+                values[f"b_{name}"] = getattr(execution, name)
+            steps.append(values)
+            text = None
+            if execution.execution_context.dirty:
+                text = execution.execution_context.to_json()
+                contexts.append(context_values(execution.id, text))
+            texts.append(text)
+        if contexts and self._changed(conn, UPDATE_STEP_CONTEXT, contexts) != len(contexts):
+            raise OptimisticLockingFailureError(
+                f"the context of a step execution among {[se.id for se in executions]} no "
+                f"longer exists; this group's update was refused"
+            )
+        if self._changed(conn, UPDATE_STEP, steps) != len(steps):
+            raise OptimisticLockingFailureError(
+                f"a step execution among {[se.id for se in executions]} was updated by someone "
+                f"else; this group's update was refused"
+            )
+        for execution, text in zip(executions, texts, strict=True):
+            execution.version += 1
+            execution.last_updated = now
+            if text is not None:
+                execution.execution_context.mark_saved(text)
+
+    @staticmethod
+    def _changed(conn: Connection, statement: Any, rows: list[dict[str, Any]]) -> int:
+        """Rows ``statement`` changed for each of ``rows`` in all: one executemany where the
+        driver counts its rows, else one statement each."""
+        if len(rows) > 1 and conn.dialect.supports_sane_multi_rowcount:
+            return int(conn.execute(statement, rows).rowcount)
+        return sum(int(conn.execute(statement, row).rowcount) for row in rows)
 
     def update_step_execution(
         self,
@@ -95,9 +167,36 @@ class StepExecutionDao(Dao):
         if context:
             text = execution.execution_context.to_json()
             values.update(context_values(execution.id, text))
+        one_statement = combined is not None or (guard is not None and context)
+
+        def stale() -> OptimisticLockingFailureError:
+            return OptimisticLockingFailureError(
+                f"step execution {execution.id} ({execution.step_name!r}, version "
+                f"{execution.version}) was updated by someone else"
+                f"{' or its context no longer exists' if one_statement else ''}; "
+                f"this update was refused"
+            )
+
+        def written() -> None:
+            execution.version += 1
+            execution.last_updated = now
+            if text is not None:
+                execution.execution_context.mark_saved(text)
+
         with self.db.transaction(conn) as c:
             if guard is not None:
-                refused = self.combined.run_guarded_write(c, guard, values, context)
+                transactions = self.db.transactions
+                refused = self.combined.run_guarded_write(
+                    c,
+                    guard,
+                    values,
+                    context,
+                    stale=stale,
+                    written=written,
+                    defer=None if conn is None else lambda end: transactions.close_with(c, end),
+                )
+                if refused is None or not refused:
+                    return  # written (or handed to the COMMIT, which writes it)
             elif combined is not None:  # both rows or neither: 0 is a refusal
                 refused = c.execute(combined, values).rowcount == 0
             else:
@@ -105,17 +204,8 @@ class StepExecutionDao(Dao):
                     self.contexts.write_step_context(c, execution, values)
                 refused = c.execute(UPDATE_STEP, values).rowcount != 1
             if refused:
-                one_statement = combined is not None or (guard is not None and context)
-                raise OptimisticLockingFailureError(
-                    f"step execution {execution.id} ({execution.step_name!r}, version "
-                    f"{execution.version}) was updated by someone else"
-                    f"{' or its context no longer exists' if one_statement else ''}; "
-                    f"this update was refused"
-                )
-        execution.version += 1
-        execution.last_updated = now
-        if text is not None:
-            execution.execution_context.mark_saved(text)
+                raise stale()
+        written()
 
     @staticmethod
     def fail_running(

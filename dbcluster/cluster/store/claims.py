@@ -206,6 +206,27 @@ class Claims(Connector):
             {"b_id": step_execution_id, "b_node": node_id, "b_attempt": attempt},
         )
 
+    def end_partitions(
+        self, conn: Connection, node_id: str, members: Sequence[tuple[int, int]]
+    ) -> int:
+        """A group's final transaction records its partitions COMPLETED (each ``(id,
+        attempt)`` of ``members`` CLAIMED by this node), in one statement built once per group
+        size; its row count (the caller requires one per member)."""
+        count = len(members)
+        params: dict[str, Any] = {"g_node": node_id}
+        for k, (step_execution_id, attempt) in enumerate(members):
+            params[f"g_id{k}"], params[f"g_at{k}"] = step_execution_id, attempt
+        return self.run(
+            conn,
+            ("end group", count),
+            lambda: self.provider.finish_partitions(
+                bindparam("g_node"),
+                [(bindparam(f"g_id{k}"), bindparam(f"g_at{k}")) for k in range(count)],
+                PARTITION_COMPLETED,
+            ),
+            params,
+        )
+
     def _end_partition(self, outcome: str) -> Any:
         provider = self.provider
         builders: dict[str, Callable[[Any, Any, Any], Any]] = {

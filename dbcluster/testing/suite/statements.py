@@ -58,6 +58,9 @@ NOT_SQL: dict[str, str] = {
     "open_listener": "a listening connection (LISTEN on a channel of wake_channel)",
     "private_to_engine": "a flag",
     "quote": "an identifier",
+    "refusal": "an expression (rendered inside fold_guard)",
+    "refusal_of": "reads an error",
+    "session_of": "reads a driver attribute",
     "script_line": "ends a statement as a script for the database's tools does",
     "session_engine_options": "create_engine arguments",
     "skip_locked": "a flag",
@@ -259,6 +262,12 @@ CALLS: dict[str, Callable[[QueryProvider], list[Any]]] = {
     "update_step_and_context": lambda p: [
         p.update_step_and_context(STEP_UPDATE, CONTEXT_UPDATE, CONTEXT_VALUES)
     ],
+    "finish_partitions": lambda p: [
+        p.finish_partitions("n", [(1, 1)], "COMPLETED"),
+        p.finish_partitions(bindparam("g_node"), [(1, 1), (2, 3)], "COMPLETED"),
+    ],
+    "end_session": lambda p: [p.end_session((1, 2))],
+    "session_alive": lambda p: [p.session_alive((1, 2))],
     "fold_guard": lambda p: [
         p.fold_guard(_guard(p), STEP_UPDATE),
         p.fold_guard(_guard(p), STEP_UPDATE, CONTEXT_UPDATE),
