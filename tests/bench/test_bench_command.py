@@ -61,13 +61,14 @@ def _check_drain(drain: dict[str, Any], partitions: int) -> None:
     assert framework["rows_written"] == baseline["rows_written"] == partitions
     assert framework["partitions_per_s"] > 0 and baseline["rows_per_s"] > 0
     assert drain["ratio_framework_to_baseline"] > 0
-    # The baseline is one INSERT and one COMMIT per row at least; the framework does more.
+    # The baseline is one INSERT and one COMMIT per row at least. The framework's partitions may
+    # share a COMMIT (grouped commits, up to commit_group_size=8 of them), never an INSERT.
     assert baseline["commits_per_row"] == 1.0
     assert 2 <= baseline["round_trips_per_row"] < 4
-    assert framework["commits_per_partition"] >= 1
-    assert framework["round_trips_per_partition"] > baseline["round_trips_per_row"]
+    assert framework["commits_per_partition"] >= 1 / 8
+    assert framework["round_trips_per_partition"] >= 1
     by_kind = drain["round_trips"]["framework"]["per_partition"]["by_kind"]
-    assert by_kind["insert"] >= 1 and by_kind["commit"] >= 1
+    assert by_kind["insert"] >= 1 and by_kind["commit"] >= 1 / 8
     assert drain["round_trips"]["framework"]["workers_per_partition"]["round_trips"] > 0
 
 
