@@ -15,14 +15,18 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 HA_SCRIPT = ROOT / "ci" / "ha.sh"
-#: The tests' own topology: a name and ports apart from the script's defaults.
+#: The tests' own topology: a name and ports apart from the script's defaults (each may be set in
+#: the environment, so that two checkouts can run the HA tests side by side).
 HA_ENV = {
-    "HA_NAME": "dbchat",
-    "HA_PG_PORT": "25532",
-    "HA_GALERA_PORT": "23406",
-    "HA_GALERA_GCOMM": "24660",
-    "HA_PGB_PORT": "26532",
-    "HA_TIMEOUT": "120",
+    name: os.environ.get(name, default)
+    for name, default in {
+        "HA_NAME": "dbchat",
+        "HA_PG_PORT": "25532",
+        "HA_GALERA_PORT": "23406",
+        "HA_GALERA_GCOMM": "24660",
+        "HA_PGB_PORT": "26532",
+        "HA_TIMEOUT": "120",
+    }.items()
 }
 _EXPORT = re.compile(r"^export (\w+)='(.*)'$")
 
