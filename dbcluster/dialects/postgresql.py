@@ -65,7 +65,12 @@ _TRANSIENT_SQLSTATES = {
     "57P05",
 }
 #: Connect failures that repeating will not cure.
-_PERMANENT_CONNECT_ERRORS = ("authentication failed", "does not exist", "no pg_hba.conf entry")
+_PERMANENT_CONNECT_ERRORS = (
+    "authentication failed",
+    "does not exist",
+    "no pg_hba.conf entry",
+    "unsupported startup parameter",
+)
 
 
 def _array_element(column_type: TypeEngine[Any]) -> TypeEngine[Any]:
@@ -291,6 +296,15 @@ class PostgreSQLProvider(WritableCTEProvider):
         values = self._node_values(host, capacity)
         stmt = pg_insert(nodes).values(node_id=node_id, created_time=self.now(), **values)
         conn.execute(stmt.on_conflict_do_update(index_elements=[nodes.c.node_id], set_=values))
+
+    def connect_error_hint(self, error: BaseException) -> str | None:
+        if "unsupported startup parameter" in str(error) and self.keeps_session:
+            return (
+                f"the server refused a startup parameter ({str(error).strip().splitlines()[-1]}), "
+                f"as PgBouncer does: behind a pooler in transaction mode add "
+                f"?{POOLER_OPTION}=transaction to the URL (docs/databases.md, PgBouncer)"
+            )
+        return None
 
     def _is_read_only_driver_error(self, orig: BaseException | None) -> bool:
         return _sqlstate(orig) == "25006"  # read_only_sql_transaction

@@ -25,7 +25,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import Engine, event
+from sqlalchemy import Engine
 
 from dbcluster.dialects.base import SessionLimits
 
@@ -92,26 +92,36 @@ def connect(cparams: dict[str, Any], cargs: Any, limits: SessionLimits | None) -
 def limit_each_statement(engine: Engine, limits: SessionLimits) -> None:
     """On an autocommit engine: each statement in one pipeline behind :func:`limits_statement`
     (one ``Sync``: one implicit transaction, one round trip). A connection not in autocommit
-    mode at that moment is left to its transaction's ``BEGIN``."""
-    setting = limits_statement(limits)
+    mode at that moment is left to its transaction's ``BEGIN``.
 
-    def pipelined(cursor: Any, run: Callable[[], Any]) -> bool | None:
+    It replaces the engine's own dialect's ``do_execute`` (and its kin), which SQLAlchemy calls
+    once every ``do_execute`` listener has let the statement through (a test's or the fault
+    harness's see it first, as on any engine); ``dbcluster.prebuilt`` then keeps such an
+    engine's statements off the driver's own path, which would pass it by."""
+    setting = limits_statement(limits)
+    dialect = engine.dialect
+
+    def pipelined(cursor: Any, run: Callable[[], Any]) -> None:
         conn = cursor.connection
         if not getattr(conn, "autocommit", False):
-            return None
+            run()
+            return
         with conn.pipeline():
             conn.cursor().execute(setting)
             run()
-        return True
 
-    @event.listens_for(engine, "do_execute")
-    def _execute(cursor: Any, statement: str, parameters: Any, _context: Any) -> bool | None:
-        return pipelined(cursor, lambda: cursor.execute(statement, parameters))
+    execute, execute_no_params = dialect.do_execute, dialect.do_execute_no_params
+    executemany = dialect.do_executemany
 
-    @event.listens_for(engine, "do_execute_no_params")
-    def _execute_no_params(cursor: Any, statement: str, _context: Any) -> bool | None:
-        return pipelined(cursor, lambda: cursor.execute(statement))
+    def do_execute(cursor: Any, statement: str, parameters: Any, context: Any = None) -> None:
+        pipelined(cursor, lambda: execute(cursor, statement, parameters, context))
 
-    @event.listens_for(engine, "do_executemany")
-    def _executemany(cursor: Any, statement: str, parameters: Any, _context: Any) -> bool | None:
-        return pipelined(cursor, lambda: cursor.executemany(statement, parameters))
+    def do_execute_no_params(cursor: Any, statement: str, context: Any = None) -> None:
+        pipelined(cursor, lambda: execute_no_params(cursor, statement, context))
+
+    def do_executemany(cursor: Any, statement: str, parameters: Any, context: Any = None) -> None:
+        pipelined(cursor, lambda: executemany(cursor, statement, parameters, context))
+
+    dialect.do_execute = do_execute  # type: ignore[method-assign]
+    dialect.do_execute_no_params = do_execute_no_params  # type: ignore[method-assign]
+    dialect.do_executemany = do_executemany  # type: ignore[method-assign]
