@@ -209,3 +209,13 @@ def test_no_final_write_is_pipelined_with_its_commit_behind_the_pooler(
         with engine.connect() as conn:
             session = provider.session_of(conn.connection.dbapi_connection)
         assert (session is not None) is keeps
+
+
+def test_listen_url_is_a_setting_that_is_never_printed() -> None:
+    secret = "postgresql+psycopg://u:hunter2@db:5432/app"
+    settings = ClusterSettings.from_env({"DBCLUSTER_LISTEN_URL": secret})
+    assert settings.listen_url == secret
+    assert "hunter2" not in repr(settings)
+    assert ClusterSettings().listen_url is None
+    with pytest.raises(ConfigurationError, match="listen_url"):
+        ClusterSettings(listen_url=" ")
