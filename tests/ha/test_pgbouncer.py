@@ -21,10 +21,12 @@ from ha_topology import (
 )
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 
 from dbcluster.dialects import get_provider, make_engine
 from dbcluster.dialects.base import SessionLimits
 from dbcluster.errors import ConfigurationError
+from dbcluster.testing.waiting import wait_for
 
 pytestmark = pytest.mark.ha
 
@@ -68,6 +70,50 @@ def test_a_node_engine_connects_through_pgbouncer(pgbouncer: dict[str, str]) -> 
     finally:
         work.dispose()
         single.dispose()
+
+
+def test_a_transaction_left_idle_is_ended_by_the_server_through_pgbouncer(
+    pg_pair: dict[str, str], pgbouncer: dict[str, str]
+) -> None:
+    """The idle-in-transaction bound that goes with the transaction holds: a frozen node's
+    transaction (and its row locks) ends on the server, not when PgBouncer or the node notice."""
+    engine = make_engine(pgbouncer["HA_PGBOUNCER_URL"], limits=SessionLimits(2000, 300))
+    direct = make_engine(pg_pair["HA_PG_PRIMARY_URL"])
+
+    def alive(pid: int) -> bool:
+        with direct.connect() as conn:
+            found = conn.execute(text("SELECT 1 FROM pg_stat_activity WHERE pid = :p"), {"p": pid})
+            return found.first() is not None
+
+    try:
+        with engine.connect() as conn:
+            pid = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()  # in a transaction
+            wait_for(lambda: not alive(pid), 15, "the server to end the idle transaction")
+            with pytest.raises(DBAPIError):
+                conn.execute(text("SELECT 1"))
+    finally:
+        engine.dispose()
+        direct.dispose()
+
+
+def test_a_notify_through_pgbouncer_wakes_a_listener_on_the_direct_url(
+    pg_pair: dict[str, str], pgbouncer: dict[str, str]
+) -> None:
+    """What ``listen_url`` relies on: a placement's NOTIFY, committed through the pooler,
+    reaches a node listening over a direct connection."""
+    listening = make_engine(pg_pair["HA_PG_PRIMARY_URL"], autocommit=True)
+    pooled = make_engine(pgbouncer["HA_PGBOUNCER_URL"])
+    provider = get_provider(listening)
+    channel = provider.wake_channel("issue-35")
+    listener = provider.open_listener(listening, channel)
+    try:
+        with pooled.begin() as conn:
+            conn.execute(text("SELECT pg_notify(:c, 'placed')"), {"c": channel})
+        assert wait_for(lambda: listener.wait(0.5), 10, "the wake-up") == ["placed"]
+    finally:
+        listener.close()
+        listening.dispose()
+        pooled.dispose()
 
 
 def test_without_the_option_the_refusal_names_it(pgbouncer: dict[str, str]) -> None:
