@@ -188,6 +188,11 @@ class PostgreSQLProvider(WritableCTEProvider):
                 f"{POOLER_OPTION}=transaction needs the psycopg driver: use a "
                 "postgresql+psycopg:// URL"
             )
+        if not postgresql_pooler.pipelines():
+            raise ConfigurationError(
+                f"{POOLER_OPTION}=transaction needs psycopg's pipeline mode (libpq 14 or later): "
+                "install psycopg[binary], which ships one"
+            )
         self.keeps_session = False
 
     def engine_options(self) -> dict[str, Any]:

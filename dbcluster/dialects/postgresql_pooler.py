@@ -30,6 +30,16 @@ from sqlalchemy import Engine
 from dbcluster.dialects.base import SessionLimits
 
 
+def pipelines() -> bool:
+    """Whether psycopg has its pipeline mode here (libpq 14 or later), which an autocommit
+    statement's limits ride on (:func:`limit_each_statement`)."""
+    try:
+        import psycopg
+    except ImportError:
+        return False
+    return bool(psycopg.Pipeline.is_supported())
+
+
 def limits_statement(limits: SessionLimits) -> bytes:
     """One statement that sets ``limits`` for the rest of the transaction it runs in (values are
     integers computed from settings, never user text)."""
