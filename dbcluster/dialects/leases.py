@@ -5,7 +5,7 @@ the database clock; a holder silent past its term loses it to the next taker.
 A lease's row names its holder (a node id) and when it last renewed it (the database clock).
 It is *lapsed* when that is ``term_ms`` or more ago, or when its holder is no longer a
 registered node (it left, or was removed). The holder renews it only while it is not lapsed
-(:meth:`LeaseStatements.renew_lease`); any node takes it only once it is
+(:meth:`LeaseStatements.renew_leases`); any node takes it only once it is
 (:meth:`LeaseStatements.take_lapsed_lease`): of several takers, the first UPDATE renews the row
 and the others, judging the row again once its lock is free, find it held.
 """
@@ -65,15 +65,16 @@ class LeaseStatements(StatementFamily):
         lapsed = case((self._lapsed(term_ms), 1), else_=0)
         return select(leases.c.lease_name, leases.c.holder, lapsed.label("lapsed"))
 
-    def renew_lease(self, name: Any, holder: Any, term_ms: int) -> Update:
-        """The holder renews its lease: it changes the row only while ``holder`` still holds it
-        and it has not lapsed (a holder that was silent past its term, or was removed, must take
-        it again like any node)."""
+    def renew_leases(self, names: Any, holder: Any, term_ms: int) -> Update:
+        """The holder renews its leases ``names`` (a list, or an expanding bound parameter) in
+        one statement: it changes a lease's row only while ``holder`` still holds it and it has
+        not lapsed (a holder that was silent past its term, or was removed, must take it again
+        like any node). The row count says how many it renewed."""
         leases = schema.leases
         return (
             update(leases)
             .where(
-                leases.c.lease_name == name,
+                leases.c.lease_name.in_(names),
                 leases.c.holder == holder,
                 ~self._lapsed(term_ms),
             )

@@ -6,9 +6,10 @@ sent a sweep every few milliseconds over the node rows their heartbeats update; 
 A lease is a row of ``batch_leases`` (:mod:`dbcluster.dialects.leases`), judged by the database
 clock:
 
-- its holder renews it every ``heartbeat_interval``, with a guarded UPDATE that changes the row
-  only while this node still holds it and it has not lapsed (a fence: a holder that was silent
-  past its term, or removed, must take it again like anyone);
+- its holder renews it every ``heartbeat_interval``, with a guarded UPDATE (one for all the
+  leases it holds) that changes a row only while this node still holds it and it has not
+  lapsed (a fence: a holder that was silent past its term, or removed, must take it again like
+  anyone);
 - it lapses ``unreachable_threshold`` after its last renewal (a holder is trusted exactly as
   long as a node is: it lapses as its silent holder turns UNREACHABLE), or as soon as its holder
   is no longer a registered node (it left, or was removed);
@@ -124,20 +125,27 @@ class Leases(Service):
         self.interval_ms = self.renew_ms if self._held else self.check_ms
 
     def _renew(self, identity: Identity) -> None:
-        for name, (holder, _) in list(self._held.items()):
-            if holder is not identity:
-                # Held under an earlier identity of this node: it lapses once that id is gone.
-                with self._lock:
-                    self._held.pop(name, None)
-                continue
-            sent = time.monotonic()
-            if self.store.renew_lease(name, identity.node_id, self.term_ms):
-                with self._lock:
-                    self._held[name] = (identity, sent + self.term_ms / 1000)
-            else:
-                with self._lock:
-                    self._held.pop(name, None)
-                log.info("node %s lost the %s lease", identity.node_id, name)
+        """Renew every lease held, in one statement (a read more when one was lost)."""
+        with self._lock:
+            # Held under an earlier identity of this node: it lapses once that id is gone.
+            self._held = {n: h for n, h in self._held.items() if h[0] is identity}
+            names = sorted(self._held)
+        if not names:
+            return
+        me = identity.node_id
+        sent = time.monotonic()
+        until = sent + self.term_ms / 1000
+        kept = names
+        if self.store.renew_leases(names, me, self.term_ms) != len(names):
+            # Which were renewed: those still this node's and not lapsed.
+            rows = self.store.leases(self.term_ms)
+            kept = [n for n in names if (r := rows.get(n)) and r.holder == me and not r.lapsed]
+        with self._lock:
+            for name in names:
+                if name in kept:
+                    self._held[name] = (identity, until)
+                elif self._held.pop(name, None) is not None:
+                    log.info("node %s lost the %s lease", me, name)
 
     def _take(self, identity: Identity, names: list[str]) -> None:
         me = identity.node_id
@@ -149,7 +157,7 @@ class Leases(Service):
             sent = time.monotonic()
             if row is not None and not row.lapsed:
                 # This node holds it already (a take whose answer was lost): renew it.
-                took = self.store.renew_lease(name, me, self.term_ms)
+                took = self.store.renew_leases([name], me, self.term_ms) == 1
             else:
                 took = self.store.take_lease(name, me, self.term_ms, exists=row is not None)
             if not took:

@@ -30,15 +30,17 @@ class LeaseRows(Connector):
             str(r[0]): LeaseRow(str(r[0]), str(r[1]), bool(r[2])) for r in self.rows(stmt, "leases")
         }
 
-    def renew_lease(self, name: str, holder: str, term_ms: int) -> bool:
-        """True when ``holder`` held the lease, not lapsed, and renewed it now."""
-        changed = self.write_one(
-            ("renew lease", term_ms),
-            lambda: self.provider.renew_lease(bindparam("b_name"), bindparam("b_holder"), term_ms),
-            {"b_name": name, "b_holder": holder},
-            "renew lease",
+    def renew_leases(self, names: list[str], holder: str, term_ms: int) -> int:
+        """Renew the leases ``names`` that ``holder`` holds, not lapsed (one statement); how
+        many it renewed."""
+        return self.write_one(
+            ("renew leases", term_ms),
+            lambda: self.provider.renew_leases(
+                bindparam("b_names", expanding=True), bindparam("b_holder"), term_ms
+            ),
+            {"b_names": list(names), "b_holder": holder},
+            "renew leases",
         )
-        return changed == 1
 
     def take_lease(self, name: str, holder: str, term_ms: int, *, exists: bool = True) -> bool:
         """Take the lease when it has lapsed (``exists``), or insert its first row (only one
