@@ -39,7 +39,7 @@ CALLS = (
     "stranded_jobs",
     "unfinished_recoveries",
     "leases",
-    "renew_lease",
+    "renew_leases",
     "take_lease",
     "release_lease",
     "heartbeat",
