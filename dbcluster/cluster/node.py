@@ -272,6 +272,7 @@ class Node:
             usable,
             self.takeover,
             None if self.takeover is None else leases.acting(scanning),
+            lambda: leases.step_down(scanning),
         )
         if self.takeover is not None:
             leases.want(scanning, stranded.wake)

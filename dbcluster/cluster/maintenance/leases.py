@@ -84,6 +84,9 @@ class Leases(Service):
         self._wanted: dict[str, list[Callable[[], None]]] = {}
         #: Lease name -> (the identity holding it, monotonic time until which it does).
         self._held: dict[str, tuple[Identity, float]] = {}
+        #: Lease name -> monotonic time before which this node does not take it again (it
+        #: stepped down).
+        self._resting: dict[str, float] = {}
         self._lock = threading.Lock()
 
     def want(self, name: str, on_taken: Callable[[], None] | None = None) -> None:
@@ -106,6 +109,21 @@ class Leases(Service):
             return None
         return identity if time.monotonic() < held[1] else None
 
+    def step_down(self, name: str) -> None:
+        """Give lease ``name`` up now and leave it to the other nodes for one term: its holder
+        met work it must not do itself (a stranded job an earlier identity of this node is
+        still taking over), which another node then does."""
+        with self._lock:
+            held = self._held.pop(name, None)
+            self._resting[name] = time.monotonic() + self.term_ms / 1000
+        if held is None:
+            return
+        log.info("node %s gives the %s lease up for a while", held[0].node_id, name)
+        try:
+            self.store.release_lease(name, held[0].node_id)
+        except Exception as exc:  # noqa: BLE001 - it lapses after its term instead
+            log.warning("node %s could not give up the %s lease: %s", held[0].node_id, name, exc)
+
     def held(self) -> list[str]:
         """The leases this node holds now."""
         return sorted(name for name in self._wanted if self.holding(name) is not None)
@@ -119,7 +137,12 @@ class Leases(Service):
             self.interval_ms = self.check_ms
             return
         self._renew(identity)
-        missing = [name for name in self._wanted if name not in self._held]
+        now = time.monotonic()
+        missing = [
+            name
+            for name in self._wanted
+            if name not in self._held and self._resting.get(name, 0.0) <= now
+        ]
         if missing:
             self._take(identity, missing)
         self.interval_ms = self.renew_ms if self._held else self.check_ms

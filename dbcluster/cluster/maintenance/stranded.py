@@ -69,6 +69,7 @@ class StrandedMasters(Service):
         usable_identity: Callable[[], Identity | None],
         takeover: Takeover | None = None,
         leased_identity: Callable[[], Identity | None] | None = None,
+        step_down: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(settings.stranded_master_scan_interval)
         self.store = store
@@ -81,6 +82,8 @@ class StrandedMasters(Service):
         #: its application's scan, see :mod:`.leases`); None: it scans under its own, unleased
         #: (a node that takes no jobs over, such as a ``launch`` process).
         self.leased_identity = leased_identity
+        #: Gives that lease up for a while (a job this node must leave to another is stranded).
+        self.step_down = step_down
         #: The ids under which this node claimed a recovery (only those can own one unfinished).
         self._claimed_under: set[str] = set()
         #: When this node first saw each stranded job it could not take over (monotonic).
@@ -126,7 +129,10 @@ class StrandedMasters(Service):
             if self._under_way(job.job_execution_id):
                 # A takeover of this job by an earlier identity of this node has not ended yet:
                 # claiming the row now would leave it owned by a live node that runs nothing
-                # (take_over ignores a job it is already taking over). Other nodes may claim it.
+                # (take_over ignores a job it is already taking over). Other nodes may claim it:
+                # this one, holding the scan's lease, gives it up so that another scans.
+                if self.leased_identity is not None and self.step_down is not None:
+                    self.step_down()
                 continue
             taking = self._takes_over(job.job_execution_id)
             if not taking and not self._may_abandon(job.job_execution_id):
