@@ -391,7 +391,11 @@ def run_chaos(
         while True:
             now = time.monotonic()
             while queue and now - t0 >= queue[0].at:
-                inject(index, queue.pop(0), now)
+                fault = queue.pop(0)
+                if fault.kind in LEADER_KINDS and not _patiently(engine, lambda f=fault: pick(f)):
+                    if leaders.defer(fault, now - t0, queue):
+                        continue  # the holder is down already: the next holder, a moment later
+                inject(index, fault, now)
                 index += 1
             settle_parks(now)
             leaders.poll(engine)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import Engine, select
@@ -16,6 +17,11 @@ from dbcluster.schema import leases
 LEADER_LEASE = "sweep"
 #: Seconds between two looks at the lease while a leader fault waits for its successor.
 POLL_S = 0.25
+#: How long a leader fault waits past its planned time for a live, unfaulted holder (the one it
+#: found was killed or frozen by an earlier fault, its lease not passed on yet), and how often
+#: it looks again.
+DEFER_S = 8.0
+DEFER_STEP_S = 0.5
 
 
 def lease_holder(engine: Engine) -> str | None:
@@ -42,6 +48,20 @@ class LeaderWatch:
         self.waiting: list[tuple[dict[str, Any], str, float]] = []
         self.records: list[dict[str, Any]] = []
         self._next = 0.0
+        #: id(fault) -> when the fault was first due (seconds into the run).
+        self.deferred_since: dict[int, float] = {}
+
+    def defer(self, fault: Any, elapsed: float, queue: list[Any]) -> bool:
+        """Put ``fault`` back in ``queue`` a moment later, until :data:`DEFER_S` past its
+        planned time; False when it waited that long (it is then skipped)."""
+        first = self.deferred_since.setdefault(id(fault), fault.at)
+        if elapsed - first >= DEFER_S:
+            return False
+        later = replace(fault, at=round(elapsed + DEFER_STEP_S, 3))
+        self.deferred_since[id(later)] = first
+        queue.append(later)
+        queue.sort(key=lambda f: f.at)
+        return True
 
     def fault(self, record: dict[str, Any], holder: str) -> None:
         record["lease_holder"] = holder
