@@ -4,7 +4,8 @@ A node opens its engines, builds its coordination store, its job repository and 
 :class:`~dbcluster.cluster.context.NodeContext` (settings, store, events, membership), and from
 that context its services (:mod:`dbcluster.cluster.service`): the heartbeat (started first,
 stopped last: :mod:`dbcluster.cluster.membership`), the stop-request watch, the maintainers
-(:mod:`dbcluster.cluster.maintenance`), the worker and its notifier, and the observers of its
+(:mod:`dbcluster.cluster.maintenance`, each run by whichever node holds its lease: ``leases``),
+the worker and its notifier, and the observers of its
 work. None of them sees the node; they meet through the context.
 
 Connections a node opens (see the README): a coordination pool of ``4 + 4`` (claims, sweeps,
@@ -36,6 +37,7 @@ from dbcluster.cluster.events import EventHub
 from dbcluster.cluster.identity import Identity
 from dbcluster.cluster.launches import LaunchStore
 from dbcluster.cluster.maintenance.launches import LaunchAcceptor, Launcher
+from dbcluster.cluster.maintenance.leases import PRUNE, SWEEP, Leases, named_for
 from dbcluster.cluster.maintenance.pruner import Pruner
 from dbcluster.cluster.maintenance.restarter import AutoRestarts, Relauncher
 from dbcluster.cluster.maintenance.scheduler import Scheduler
@@ -196,6 +198,8 @@ class Node:
         )
         #: Launch requests and schedule fires, on the node's store.
         self.launches = LaunchStore(self.store)
+        #: The maintenance leases this node contends for (see ``cluster/maintenance/leases.py``).
+        self.leases = Leases(self.store, self.settings, self.membership.usable_identity)
         self.services = ServiceGroup(on_death=self._service_died)
         #: The executions this node works for, watched for stop requests.
         self.stop_requests = StopRequests(self.store, self.settings)
@@ -276,14 +280,37 @@ class Node:
         usable = self.membership.usable_identity
         self.services.add(Heartbeat(self.membership, self.store, lambda: self.load, self._join))
         self.services.add(self.stop_requests)
-        self.services.add(Sweeper(self.store, s, self.events, usable))
+        # Started before the leased services and stopped after them (it gives its leases up).
+        leases = self.leases
+        self.services.add(leases)
+        sweeper = Sweeper(self.store, s, self.events, leases.acting(SWEEP), self.launches)
+        leases.want(SWEEP, sweeper.wake)
+        self.services.add(sweeper)
         if s.prune_after is not None:
-            self.services.add(Pruner(self.store, s, self.events, usable))
-        self.services.add(
-            StrandedMasters(self.store, self.repository, s, self.events, usable, self.takeover)
+            pruner = Pruner(self.store, s, self.events, leases.acting(PRUNE))
+            leases.want(PRUNE, pruner.wake)
+            self.services.add(pruner)
+        # The stranded-master scan and automatic restarts: one node of each application (the
+        # jobs it can take over); a node that takes nothing over scans on its own.
+        jobs = [] if self.registry is None else self.registry.job_names()
+        scanning = named_for("stranded", jobs)
+        stranded = StrandedMasters(
+            self.store,
+            self.repository,
+            s,
+            self.events,
+            usable,
+            self.takeover,
+            None if self.takeover is None else leases.acting(scanning),
+            lambda: leases.step_down(scanning),
         )
+        if self.takeover is not None:
+            leases.want(scanning, stranded.wake)
+        self.services.add(stranded)
         if self.relauncher is not None:
-            self.services.add(AutoRestarts(self.repository, s, usable, self.relauncher))
+            restarts = AutoRestarts(self.repository, s, leases.acting(scanning), self.relauncher)
+            leases.want(scanning, restarts.wake)
+            self.services.add(restarts)
         if self.capacity > 0:
             runtime = BatchRuntime(self.repository, LocalPartitionHandler(), self.registry)
             self.worker = Worker(
@@ -308,9 +335,19 @@ class Node:
         )
         self.services.add(acceptor)
         schedules = [] if self.registry is None else self.registry.schedules()
-        self.services.add(
-            Scheduler(self.launches, schedules, self.settings, self.events, usable, acceptor.wake)
+        # One accepting node of each application fires its schedules.
+        firing = named_for("schedules", [schedule.name for schedule in schedules])
+        scheduler = Scheduler(
+            self.launches,
+            schedules,
+            self.settings,
+            self.events,
+            self.leases.acting(firing) if schedules else usable,
+            acceptor.wake,
         )
+        if schedules:
+            self.leases.want(firing, scheduler.wake)
+        self.services.add(scheduler)
 
     def _service_died(self, service: Service, death: BaseException) -> None:
         identity = self.membership.current

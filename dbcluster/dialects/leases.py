@@ -1,22 +1,43 @@
 """Leases (``batch_leases``): a maintenance task that one node at a time runs (sweeps, the
 stranded-master scan, pruning, schedule firing) is run by the holder of its lease, renewed by
 the database clock; a holder silent past its term loses it to the next taker.
+
+A lease's row names its holder (a node id) and when it last renewed it (the database clock).
+It is *lapsed* when that is ``term_ms`` or more ago, or when its holder is no longer a
+registered node (it left, or was removed). The holder renews it only while it is not lapsed
+(:meth:`LeaseStatements.renew_leases`); any node takes it only once it is
+(:meth:`LeaseStatements.take_lapsed_lease`): of several takers, the first UPDATE renews the row
+and the others, judging the row again once its lock is free, find it held.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Delete, Insert, Select, Update, delete, insert, or_, select, update
+from sqlalchemy import (
+    ColumnElement,
+    Delete,
+    Insert,
+    Select,
+    Update,
+    case,
+    delete,
+    exists,
+    insert,
+    or_,
+    select,
+    update,
+)
 
 from dbcluster import schema
 from dbcluster.dialects.family import StatementFamily
 
 
 class LeaseStatements(StatementFamily):
-    """The leases' statements."""
+    """The leases' statements. ``name`` and ``holder`` are text or bound parameters (a store
+    builds the hot ones once)."""
 
-    def take_lease(self, name: str, holder: str, term_ms: int) -> Update:
+    def take_lease(self, name: Any, holder: Any, term_ms: int) -> Update:
         """Take or renew the lease ``name``: it changes the row when ``holder`` holds it, or its
         holder has not renewed it for ``term_ms`` (exactly one contender wins: the row is
         locked by the first UPDATE and the second sees it renewed)."""
@@ -30,15 +51,55 @@ class LeaseStatements(StatementFamily):
             .values(holder=holder, renewed_at=self.now())
         )
 
+    def _lapsed(self, term_ms: int) -> ColumnElement[bool]:
+        """The lease row is lapsed: not renewed for ``term_ms``, or its holder is not a
+        registered node."""
+        leases, nodes = schema.leases, schema.nodes
+        registered = exists().where(nodes.c.node_id == leases.c.holder)
+        return or_(self.older_than(leases.c.renewed_at, term_ms), ~registered)
+
+    def select_leases(self, term_ms: int) -> Select[Any]:
+        """Every lease: its name, holder and whether it is lapsed (1) or held (0), judged by the
+        database (one read: what a node that holds none of them looks at)."""
+        leases = schema.leases
+        lapsed = case((self._lapsed(term_ms), 1), else_=0)
+        return select(leases.c.lease_name, leases.c.holder, lapsed.label("lapsed"))
+
+    def renew_leases(self, names: Any, holder: Any, term_ms: int) -> Update:
+        """The holder renews its leases ``names`` (a list, or an expanding bound parameter) in
+        one statement: it changes a lease's row only while ``holder`` still holds it and it has
+        not lapsed (a holder that was silent past its term, or was removed, must take it again
+        like any node). The row count says how many it renewed."""
+        leases = schema.leases
+        return (
+            update(leases)
+            .where(
+                leases.c.lease_name.in_(names),
+                leases.c.holder == holder,
+                ~self._lapsed(term_ms),
+            )
+            .values(renewed_at=self.now())
+        )
+
+    def take_lapsed_lease(self, name: Any, holder: Any, term_ms: int) -> Update:
+        """Take the lease ``name`` once it has lapsed (see :meth:`select_leases`); exactly one
+        of several takers changes the row."""
+        leases = schema.leases
+        return (
+            update(leases)
+            .where(leases.c.lease_name == name, self._lapsed(term_ms))
+            .values(holder=holder, renewed_at=self.now())
+        )
+
     def select_lease(self, name: str) -> Select[Any]:
         leases = schema.leases
         return select(leases.c.holder, leases.c.renewed_at).where(leases.c.lease_name == name)
 
-    def insert_lease(self, name: str, holder: str) -> Insert:
+    def insert_lease(self, name: Any, holder: Any) -> Insert:
         """The lease's first row (a duplicate-key error when another node inserted it first)."""
         return insert(schema.leases).values(lease_name=name, holder=holder, renewed_at=self.now())
 
-    def release_lease(self, name: str, holder: str) -> Delete:
+    def release_lease(self, name: Any, holder: Any) -> Delete:
         """Give the lease up (its row goes; the next taker inserts it again)."""
         leases = schema.leases
         return delete(leases).where(leases.c.lease_name == name, leases.c.holder == holder)

@@ -22,11 +22,13 @@ from typing import Any
 import click
 
 from dbcluster.cli.options import DURATION_MS, DURATION_S, chosen_level, log_options
+from dbcluster.testing.chaos_leader import LeaderWatch, holder_process, lease_holder
 from dbcluster.testing.chaos_plan import (
     ALL_KINDS,
     DB_FAULT_SPACING_S,
     JOB_NAMES,
     KINDS,
+    LEADER_KINDS,
     MASTER_KINDS,
     PARK_WAIT_S,
     POINTS,
@@ -60,6 +62,7 @@ from dbcluster.testing.dbfaults import (
 __all__ = [
     "ALL_KINDS",
     "KINDS",
+    "LEADER_KINDS",
     "MASTER_KINDS",
     "TARGETS",
     "WORKER_KINDS",
@@ -205,6 +208,7 @@ def run_chaos(
     t0 = time.monotonic()
     runner = DbFaultRunner(control, lambda: time.monotonic() - t0, say)
     outage_warned = [False]
+    leaders = LeaderWatch()
     try:
         for i in range(nodes):
             workers[f"w{i}"] = harness.start_worker(f"w{i}")
@@ -221,6 +225,9 @@ def run_chaos(
             return not p.alive() or p.stopped or p.cut
 
         def pick(fault: Fault) -> NodeProcess | None:
+            if fault.kind in LEADER_KINDS:
+                p = holder_process(lease_holder(engine), [*workers.values(), *launchers.values()])
+                return None if p is None or busy(p) else p
             slots = [f"w{i}" for i in range(nodes)] + [f"m{j}" for j in range(jobs)]
             if fault.kind in WORKER_KINDS or target == "workers":
                 slots = slots[:nodes]
@@ -307,7 +314,7 @@ def run_chaos(
                 runner.submit(record, fault.kind, fault.duration, node)
                 say(f"fault {index} {fault.kind} -> {fault.target}")
                 return
-            p = pick(fault)
+            p = _patiently(engine, lambda: pick(fault))
             if p is None:
                 record["skipped"] = "no eligible process"
                 injected.append(record)
@@ -323,12 +330,15 @@ def run_chaos(
             if p.role == "launch":
                 # When a master's fault began, on the database clock (to time its takeover).
                 record["db_time"] = _patiently(engine, lambda: _db_now(engine)).isoformat()
-            if fault.kind == "kill":
+            kind = LEADER_KINDS.get(fault.kind, fault.kind)
+            if fault.kind in LEADER_KINDS:
+                leaders.fault(record, _patiently(engine, lambda: lease_holder(engine)) or "")
+            if kind == "kill":
                 held = _patiently(engine, lambda: _held_transferable(engine, p.prefix))
                 harness.kill(p)
                 killed_at = _patiently(engine, lambda: _db_now(engine))
                 kills.append(KillRecord(index, p.slot, p.prefix, killed_at, held))
-            elif fault.kind == "stop":
+            elif kind == "stop":
                 harness.pause(p)
                 timers.append((now + fault.duration, "cont", p))
             elif fault.kind == "term":
@@ -381,9 +391,14 @@ def run_chaos(
         while True:
             now = time.monotonic()
             while queue and now - t0 >= queue[0].at:
-                inject(index, queue.pop(0), now)
+                fault = queue.pop(0)
+                if fault.kind in LEADER_KINDS and not _patiently(engine, lambda f=fault: pick(f)):
+                    if leaders.defer(fault, now - t0, queue):
+                        continue  # the holder is down already: the next holder, a moment later
+                inject(index, fault, now)
                 index += 1
             settle_parks(now)
+            leaders.poll(engine)
             for item in [t for t in timers if t[0] <= now]:
                 timers.remove(item)
                 _, action, p = item
@@ -512,6 +527,9 @@ def run_chaos(
             "recovery_after_kill": recoveries,
             "recovery_floor_s": floor_ms / 1000,
             "takeovers": takeovers,
+            "leader_faults": leaders.summary(
+                (harness.ms("unreachable_threshold") + harness.ms("sweep_interval")) / 1000
+            ),
             "takeover_floor_s": (cleanup_ms + harness.ms("stranded_master_scan_interval")) / 1000,
             "settle_s": round(settled_at - t0, 1),
             "elapsed_s": round(time.monotonic() - began, 1),

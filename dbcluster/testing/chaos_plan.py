@@ -13,7 +13,23 @@ from dbcluster.testing.dbfaults import DB_KINDS
 #: verifiably locked), then SIGSTOPped past the cleanup threshold. ``stop-between``: a master
 #: parked between two steps of its job, then SIGSTOPped past the cleanup threshold. ``blip``: only
 #: a master's connection cut, for less than the unreachable threshold.
-KINDS = ("kill", "stop", "term", "cut", "freeze-tx", "stop-between", "blip")
+#: ``leader-kill`` and ``leader-freeze``: the node process that holds the sweep lease (the
+#: maintenance leader, see ``cluster/maintenance/leases.py``) is SIGKILLed, or SIGSTOPped past the
+#: cleanup threshold (it wakes after another node took its lease over, and was removed).
+KINDS = (
+    "kill",
+    "stop",
+    "term",
+    "cut",
+    "freeze-tx",
+    "stop-between",
+    "blip",
+    "leader-kill",
+    "leader-freeze",
+)
+#: Kinds that hit whichever process holds the sweep lease when they fall (``--target any``
+#: only), and the node kind each acts as.
+LEADER_KINDS = {"leader-kill": "kill", "leader-freeze": "stop"}
 #: Kinds that hit a job's master only.
 MASTER_KINDS = ("stop-between", "blip")
 #: Kinds that only make sense on a worker (a master's partitions run on the workers).
@@ -34,7 +50,8 @@ STEPPED_JOBS = ("ledger-steps",)
 class Fault:
     """One planned fault: ``at`` seconds after the first job launch, on slot ``target`` (``w<i>``
     a worker, ``m<j>`` the master of job ``j``, ``db`` the database, ``db<k>`` the server of
-    the k-th URL), lasting ``duration`` s (stop, cut, and a Galera node's time down)."""
+    the k-th URL, ``leader`` the holder of the sweep lease then), lasting ``duration`` s (stop,
+    cut, leader-freeze, and a Galera node's time down)."""
 
     at: float
     kind: str
@@ -69,7 +86,8 @@ def plan_faults(
     """The fault plan: a pure function of its arguments. Every kind appears once before any
     repeats (when ``faults`` >= the number of kinds); about a quarter of kills and stops hit a
     job's master. ``on="masters"`` puts every fault on a master (the kinds a master can
-    take), ``"workers"`` every fault on a worker.
+    take), ``"workers"`` every fault on a worker; the leader kinds (:data:`LEADER_KINDS`) fall
+    only in a mixed plan (``"any"``), on whichever process holds the sweep lease then.
 
     ``kinds`` (default: the node kinds, :data:`KINDS`) chooses the kinds; database kinds fall
     on the database whatever ``on`` says, at least :data:`DB_FAULT_SPACING_S` apart where the
@@ -88,8 +106,8 @@ def plan_faults(
         raise ValueError("galera-kill needs at least two database URLs (it never kills the first)")
     pool = {
         "any": chosen,
-        "masters": tuple(k for k in chosen if k not in WORKER_KINDS),
-        "workers": tuple(k for k in chosen if k not in MASTER_KINDS),
+        "masters": tuple(k for k in chosen if k not in WORKER_KINDS + tuple(LEADER_KINDS)),
+        "workers": tuple(k for k in chosen if k not in MASTER_KINDS + tuple(LEADER_KINDS)),
     }[on]
     if not pool:
         raise ValueError(f"none of the kinds {', '.join(chosen)} can fall on {on}")
@@ -115,6 +133,12 @@ def plan_faults(
             if kind == "galera-kill":
                 target, duration = f"db{rng.randint(2, db_nodes)}", rng.uniform(2.0, 6.0)
             plan.append(Fault(round(at, 3), kind, target, round(duration, 3)))
+            continue
+        if kind in LEADER_KINDS:
+            # Whoever holds the lease when it falls (resolved then).
+            duration = cleanup_ms / 1000 * rng.uniform(1.3, 1.8) if kind == "leader-freeze" else 0
+            at = rng.uniform(1.0, window)
+            plan.append(Fault(round(at, 3), kind, "leader", round(duration, 3)))
             continue
         to_master = kind in MASTER_KINDS or (
             kind in ("kill", "stop", "cut")

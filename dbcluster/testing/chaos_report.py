@@ -215,6 +215,12 @@ def format_summary(s: dict[str, Any]) -> str:
             f"partition(s) held, running elsewhere after {got} "
             f"(floor cleanup+orphan check = {r['floor_s']:.2f} s)"
         )
+    for r in s.get("leader_faults", []):
+        got = "not moved" if r["lease_taken_s"] is None else f"{r['lease_taken_s']:.2f} s"
+        lines.append(
+            f"  {r['kind']} #{r['fault']} {r['target']}: sweep lease held by another node after "
+            f"{got} (bound term+interval = {r['bound_s']:.2f} s)"
+        )
     for key, inv in s["invariants"].items():
         mark = "held" if inv["held"] else "VIOLATED"
         if not inv.get("enforced", True):

@@ -9,6 +9,7 @@ import pytest
 
 from dbcluster.testing.chaos import (
     KINDS,
+    LEADER_KINDS,
     MASTER_KINDS,
     TARGETS,
     WORKER_KINDS,
@@ -31,19 +32,22 @@ def _plan(on: str, seed: int = 3, faults: int = 14) -> list:
 def test_master_faults_fall_on_masters_and_use_every_kind_a_master_can_take(seed: int) -> None:
     plan = _plan("masters", seed)
     assert {f.target[0] for f in plan} == {"m"}
-    assert {f.kind for f in plan} == set(KINDS) - set(WORKER_KINDS)
+    assert {f.kind for f in plan} == set(KINDS) - set(WORKER_KINDS) - set(LEADER_KINDS)
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
 def test_worker_faults_fall_on_workers_only(seed: int) -> None:
     plan = _plan("workers", seed)
     assert {f.target[0] for f in plan} == {"w"}
-    assert {f.kind for f in plan} == set(KINDS) - set(MASTER_KINDS)
+    assert {f.kind for f in plan} == set(KINDS) - set(MASTER_KINDS) - set(LEADER_KINDS)
 
 
 def test_the_mixed_plan_hits_both_and_is_a_pure_function_of_its_arguments() -> None:
     plan = _plan("any")
-    assert {f.target[0] for f in plan} == {"m", "w"}
+    assert {f.target[0] for f in plan} == {"m", "w", "l"}
+    # The leader faults fall on whichever process holds the sweep lease then.
+    assert {f.target for f in plan if f.kind in LEADER_KINDS} == {"leader"}
+    assert {f.kind for f in plan} == set(KINDS)
     assert plan == _plan("any")
     assert [f.at for f in plan] == sorted(f.at for f in plan)
 

@@ -1,10 +1,11 @@
 """Accepting launches: a node started with ``accept_launches`` claims PENDING launch requests
 (``dbcluster submit``, schedule ticks) for the jobs of its registry and becomes their master.
 
-Each turn: put back the requests of claimers gone from the registry (see
-:mod:`dbcluster.cluster.launches`), then, when the node runs fewer launched masters than its
-limit, claim requests (one guarded transaction; exactly one node wins each) and hand each to the
-cluster, which launches it on a thread of its own (the acceptor never waits for a job).
+Each turn, when the node runs fewer launched masters than its limit, it claims requests (one
+guarded transaction; exactly one node wins each) and hands each to the cluster, which launches it
+on a thread of its own (the acceptor never waits for a job). The requests of claimers gone from
+the registry are put back to PENDING by the holder of the sweep lease, after its sweep
+(:mod:`.sweeper`).
 """
 
 from __future__ import annotations
@@ -65,9 +66,6 @@ class LaunchAcceptor(Service):
         identity = self.usable_identity()
         if identity is None:
             return
-        released = self.launches.release_lost()
-        if released:
-            log.warning("%d launch request(s) of lost nodes are pending again", released)
         free = self.max_running - self.launcher.launches_running()
         if free <= 0:
             return

@@ -1,9 +1,11 @@
-"""The scheduler: every node that accepts launches fires the due ticks of the registry's
-schedules; each tick fires exactly once across the cluster.
+"""The scheduler: the node that holds its schedules' lease, of the nodes that accept launches
+(see :mod:`.leases`), fires the due ticks of the registry's schedules; each tick fires exactly
+once across the cluster.
 
 Firing a tick is one transaction that inserts its launch request and its row in
 ``batch_schedule_fires``, whose primary key is (schedule, tick): when several nodes fire the same
-tick, the database accepts one insert and the others fail on the key and change nothing. Firing
+tick (a holder that froze and woke after another took its lease), the database accepts one insert
+and the others fail on the key and change nothing. Firing
 is submitting: whichever node accepts launches runs the job (:mod:`.launches`).
 
 Which ticks are due is judged on the database clock, so nodes whose clocks disagree still agree
@@ -20,6 +22,7 @@ import random
 from collections.abc import Callable, Sequence
 from datetime import datetime
 
+from dbcluster import points
 from dbcluster.batch.schedule import Schedule
 from dbcluster.cluster.events import ClusterEvents
 from dbcluster.cluster.identity import Identity
@@ -66,6 +69,7 @@ class Scheduler(Service):
         if identity is None:
             self.interval_ms = MAX_SLEEP_MS
             return
+        points.reach("maintenance.leased", service=self.name, node_id=identity.node_id)
         now = self.launches.db_now()
         self.fire_due(identity, now)
         upcoming = min(s.next_after(now) for s in self.schedules)

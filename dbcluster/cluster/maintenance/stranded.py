@@ -1,5 +1,9 @@
 """Stranded masters: a survivor recovers a job whose master node is gone from the registry.
 
+The scan runs on one node of each application: the holder of its ``stranded`` lease (see
+:mod:`.leases`; a node that takes no jobs over, such as a ``launch`` process, scans on its own
+and, under ``takeover``, only abandons what nobody took over after a grace).
+
 Exactly one survivor wins the guarded claim of the coordination row (RECOVERING, owned by the
 winner under the next epoch, so the lost master's own writes change nothing from then on; the
 claim is recorded in the job's master history). Then:
@@ -23,6 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+from dbcluster import points
 from dbcluster.batch.repository import JobRepository
 from dbcluster.cluster.events import ClusterEvents
 from dbcluster.cluster.identity import Identity
@@ -63,6 +68,8 @@ class StrandedMasters(Service):
         events: ClusterEvents,
         usable_identity: Callable[[], Identity | None],
         takeover: Takeover | None = None,
+        leased_identity: Callable[[], Identity | None] | None = None,
+        step_down: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(settings.stranded_master_scan_interval)
         self.store = store
@@ -71,6 +78,14 @@ class StrandedMasters(Service):
         self.events = events
         self.usable_identity = usable_identity
         self.takeover = takeover
+        #: The identity this node scans for stranded jobs under (while it holds the lease of
+        #: its application's scan, see :mod:`.leases`); None: it scans under its own, unleased
+        #: (a node that takes no jobs over, such as a ``launch`` process).
+        self.leased_identity = leased_identity
+        #: Gives that lease up for a while (a job this node must leave to another is stranded).
+        self.step_down = step_down
+        #: The ids under which this node claimed a recovery (only those can own one unfinished).
+        self._claimed_under: set[str] = set()
         #: When this node first saw each stranded job it could not take over (monotonic).
         self._seen: dict[int, float] = {}
 
@@ -93,13 +108,17 @@ class StrandedMasters(Service):
         me = identity.node_id
         # A recovery this node claimed and could not finish (a transient error part-way) is its
         # own to finish: it is alive, so no survivor will pick the row up.
-        for job in self.store.unfinished_recoveries(me):
+        mine = self.store.unfinished_recoveries(me) if me in self._claimed_under else []
+        for job in mine:
             if identity.is_fenced:
                 return recovered
             if self._under_way(job.job_execution_id):
                 continue
             if self._recover(identity, job, "(lost before this recovery resumed)"):
                 recovered.append(job.job_execution_id)
+        if self.leased_identity is not None and self.leased_identity() is not identity:
+            return recovered  # another node scans for all
+        points.reach("maintenance.leased", service=self.name, node_id=me)
         stranded = self.store.stranded_jobs()
         self._seen = {
             j: t for j, t in self._seen.items() if j in {s.job_execution_id for s in stranded}
@@ -110,12 +129,16 @@ class StrandedMasters(Service):
             if self._under_way(job.job_execution_id):
                 # A takeover of this job by an earlier identity of this node has not ended yet:
                 # claiming the row now would leave it owned by a live node that runs nothing
-                # (take_over ignores a job it is already taking over). Other nodes may claim it.
+                # (take_over ignores a job it is already taking over). Other nodes may claim it:
+                # this one, holding the scan's lease, gives it up so that another scans.
+                if self.leased_identity is not None and self.step_down is not None:
+                    self.step_down()
                 continue
             taking = self._takes_over(job.job_execution_id)
             if not taking and not self._may_abandon(job.job_execution_id):
                 continue
             reason = MASTER_TAKEOVER if taking else MASTER_ABANDON
+            self._claimed_under.add(me)
             won = self.store.claim_stranded(job, me, reason)
             if won is None:
                 continue

@@ -379,6 +379,15 @@ CALLS: dict[str, Callable[[QueryProvider], list[Any]]] = {
     "select_lease": lambda p: [p.select_lease("prune")],
     "insert_lease": lambda p: [p.insert_lease("prune", "n")],
     "release_lease": lambda p: [p.release_lease("prune", "n")],
+    "select_leases": lambda p: [p.select_leases(10_000)],
+    "renew_leases": lambda p: [
+        p.renew_leases(["sweep", "prune"], "n", 10_000),
+        p.renew_leases(bindparam("b_names", expanding=True), bindparam("b_holder"), 10_000),
+    ],
+    "take_lapsed_lease": lambda p: [
+        p.take_lapsed_lease("sweep", "n", 10_000),
+        p.take_lapsed_lease(bindparam("b_name"), bindparam("b_holder"), 10_000),
+    ],
     # DDL, migrations and sessions (SQL text)
     "ddl_statements": lambda p: p.ddl_statements(),
     "ddl_script": lambda p: [p.ddl_script()],

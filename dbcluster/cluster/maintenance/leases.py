@@ -1,0 +1,207 @@
+"""Leased maintenance: the work that any node can do for all (sweeps, the stranded-master scan,
+automatic restarts, pruning, schedule firing, putting back lost launch requests) runs on the one
+node that holds its lease, never on every node. A thousand nodes that each swept every interval
+sent a sweep every few milliseconds over the node rows their heartbeats update; now one does.
+
+A lease is a row of ``batch_leases`` (:mod:`dbcluster.dialects.leases`), judged by the database
+clock:
+
+- its holder renews it every ``heartbeat_interval``, with a guarded UPDATE (one for all the
+  leases it holds) that changes a row only while this node still holds it and it has not
+  lapsed (a fence: a holder that was silent past its term, or removed, must take it again like
+  anyone);
+- it lapses ``unreachable_threshold`` after its last renewal (a holder is trusted exactly as
+  long as a node is: it lapses as its silent holder turns UNREACHABLE), or as soon as its holder
+  is no longer a registered node (it left, or was removed);
+- every node that wants it and does not hold it reads the leases every ``sweep_interval`` (one
+  read for all of them) and takes a lapsed one with a guarded UPDATE that exactly one taker
+  wins: a lapsed lease is taken within one ``sweep_interval``, and its new holder runs the
+  lease's services at once. A dead holder is then marked UNREACHABLE by its successor at
+  ``unreachable_threshold`` plus at most one ``sweep_interval``, the bound a single sweeper
+  always had.
+
+A node acts for a lease only while it holds it by its own clock too: until ``term`` after it
+sent its last renewal that landed (the database set ``renewed_at`` no earlier), so normally
+no two nodes act at once. Correctness never depends on it: a holder frozen after its check that
+wakes after another took over runs the same guarded statements every maintenance action always
+ran (a removal changes only rows still to remove, a tick's fire row has a primary key, a
+stranded job's claim moves its epoch), which is what two holders at once would do.
+
+Only the maintenance is leased. What a node does for itself stays on every node: its heartbeat,
+its polls and claims, its stop requests, its own unfinished recoveries, fencing itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+from dbcluster.cluster.identity import Identity
+from dbcluster.cluster.service import Service
+from dbcluster.cluster.settings import ClusterSettings
+from dbcluster.cluster.store import CoordinationStore
+
+log = logging.getLogger("dbcluster.node")
+
+#: The sweeps (mark UNREACHABLE, remove) and putting back the launch requests of removed nodes.
+SWEEP = "sweep"
+#: Pruning (``prune_after``); the pruner also holds it across a long prune (``pruner.Lease``).
+PRUNE = "prune"
+
+
+def named_for(kind: str, names: Iterable[str]) -> str:
+    """The lease of ``kind`` for nodes that know exactly ``names`` (their registry's jobs, or
+    schedules): nodes of one application share it, nodes of another hold their own (a job only
+    a node of its application can take over, a schedule only its registry fires)."""
+    digest = hashlib.sha1("\n".join(sorted(set(names))).encode()).hexdigest()[:12]
+    return f"{kind}:{digest}"
+
+
+class Leases(Service):
+    """The node's leases: :meth:`want` a lease before the node starts; the service then keeps
+    it (renewing what it holds, taking what lapsed) and gives it up when the node stops."""
+
+    name = "leases"
+
+    def __init__(
+        self,
+        store: CoordinationStore,
+        settings: ClusterSettings,
+        usable_identity: Callable[[], Identity | None],
+    ) -> None:
+        super().__init__(settings.sweep_interval)
+        self.store = store
+        self.usable_identity = usable_identity
+        #: A holder silent this long loses the lease (database clock).
+        self.term_ms = settings.unreachable_threshold
+        #: How often the holder renews (well inside the term).
+        self.renew_ms = settings.heartbeat_interval
+        #: How often a node that holds none of its leases looks for a lapsed one.
+        self.check_ms = settings.sweep_interval
+        self._wanted: dict[str, list[Callable[[], None]]] = {}
+        #: Lease name -> (the identity holding it, monotonic time until which it does).
+        self._held: dict[str, tuple[Identity, float]] = {}
+        #: Lease name -> monotonic time before which this node does not take it again (it
+        #: stepped down).
+        self._resting: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def want(self, name: str, on_taken: Callable[[], None] | None = None) -> None:
+        """Contend for lease ``name`` (before the node starts); ``on_taken()`` is called each
+        time this node takes it (a leased service's ``wake``: it acts at once)."""
+        callbacks = self._wanted.setdefault(name, [])
+        if on_taken is not None:
+            callbacks.append(on_taken)
+
+    def acting(self, name: str) -> Callable[[], Identity | None]:
+        """What a service leased by ``name`` acts under: the node's usable identity while it
+        holds the lease, else None."""
+        return lambda: self.holding(name)
+
+    def holding(self, name: str) -> Identity | None:
+        """The identity under which this node holds lease ``name`` now, or None."""
+        identity = self.usable_identity()
+        held = self._held.get(name)
+        if identity is None or held is None or held[0] is not identity:
+            return None
+        return identity if time.monotonic() < held[1] else None
+
+    def step_down(self, name: str) -> None:
+        """Give lease ``name`` up now and leave it to the other nodes for one term: its holder
+        met work it must not do itself (a stranded job an earlier identity of this node is
+        still taking over), which another node then does."""
+        with self._lock:
+            held = self._held.pop(name, None)
+            self._resting[name] = time.monotonic() + self.term_ms / 1000
+        if held is None:
+            return
+        log.info("node %s gives the %s lease up for a while", held[0].node_id, name)
+        try:
+            self.store.release_lease(name, held[0].node_id)
+        except Exception as exc:  # noqa: BLE001 - it lapses after its term instead
+            log.warning("node %s could not give up the %s lease: %s", held[0].node_id, name, exc)
+
+    def held(self) -> list[str]:
+        """The leases this node holds now."""
+        return sorted(name for name in self._wanted if self.holding(name) is not None)
+
+    def run_once(self) -> None:
+        identity = self.usable_identity()
+        if identity is None:
+            # A fenced or leaving identity acts no more; what it held lapses (or was released).
+            with self._lock:
+                self._held.clear()
+            self.interval_ms = self.check_ms
+            return
+        self._renew(identity)
+        now = time.monotonic()
+        missing = [
+            name
+            for name in self._wanted
+            if name not in self._held and self._resting.get(name, 0.0) <= now
+        ]
+        if missing:
+            self._take(identity, missing)
+        self.interval_ms = self.renew_ms if self._held else self.check_ms
+
+    def _renew(self, identity: Identity) -> None:
+        """Renew every lease held, in one statement (a read more when one was lost)."""
+        with self._lock:
+            # Held under an earlier identity of this node: it lapses once that id is gone.
+            self._held = {n: h for n, h in self._held.items() if h[0] is identity}
+            names = sorted(self._held)
+        if not names:
+            return
+        me = identity.node_id
+        sent = time.monotonic()
+        until = sent + self.term_ms / 1000
+        kept = names
+        if self.store.renew_leases(names, me, self.term_ms) != len(names):
+            # Which were renewed: those still this node's and not lapsed.
+            rows = self.store.leases(self.term_ms)
+            kept = [n for n in names if (r := rows.get(n)) and r.holder == me and not r.lapsed]
+        with self._lock:
+            for name in names:
+                if name in kept:
+                    self._held[name] = (identity, until)
+                elif self._held.pop(name, None) is not None:
+                    log.info("node %s lost the %s lease", me, name)
+
+    def _take(self, identity: Identity, names: list[str]) -> None:
+        me = identity.node_id
+        rows = self.store.leases(self.term_ms)
+        for name in names:
+            row = rows.get(name)
+            if row is not None and not row.lapsed and row.holder != me:
+                continue
+            sent = time.monotonic()
+            if row is not None and not row.lapsed:
+                # This node holds it already (a take whose answer was lost): renew it.
+                took = self.store.renew_leases([name], me, self.term_ms) == 1
+            else:
+                took = self.store.take_lease(name, me, self.term_ms, exists=row is not None)
+            if not took:
+                continue
+            with self._lock:
+                self._held[name] = (identity, sent + self.term_ms / 1000)
+            was = "" if row is None or row.holder == me else f" from {row.holder}"
+            log.info("node %s holds the %s lease%s", me, name, was)
+            for on_taken in self._wanted[name]:
+                on_taken()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop, and give up what this node holds, so that another node takes it at its next
+        look rather than after the term."""
+        super().stop(timeout)
+        with self._lock:
+            held, self._held = self._held, {}
+        for name, (identity, _) in held.items():
+            try:
+                self.store.release_lease(name, identity.node_id)
+            except Exception as exc:  # noqa: BLE001 - it lapses after its term instead
+                log.warning(
+                    "node %s could not give up the %s lease: %s", identity.node_id, name, exc
+                )

@@ -1,0 +1,202 @@
+"""Leased maintenance on a live database (in-process nodes): one node at a time holds the sweep
+lease and only it sweeps; a lapsed lease is taken within one interval; a holder frozen after its
+check that wakes once another took over changes nothing twice; a node that leaves gives its
+lease up."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from dbcluster import points
+from dbcluster.cluster.maintenance.leases import SWEEP
+from dbcluster.cluster.node import Node
+from dbcluster.cluster.settings import ClusterSettings
+from dbcluster.cluster.store import CoordinationStore
+from dbcluster.testing.app import FAST_SETTINGS, TIME_SCALE
+from dbcluster.testing.backends import Backend
+from dbcluster.testing.waiting import wait_for
+
+BACKENDS = pytest.mark.backends("sqlite", "postgresql", "mariadb")
+#: The interval a node that holds no lease looks for a lapsed one at (``sweep_interval``).
+INTERVAL_MS = 400
+SETTINGS = FAST_SETTINGS.with_overrides(sweep_interval=INTERVAL_MS)
+#: What a loaded machine may add to an interval: a read and an UPDATE, a thread's wake-up.
+SLACK_S = 0.5 * TIME_SCALE
+
+
+class Sweeps:
+    """Every sweep a node makes: (node index, what it marked, what it removed)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int, int]] = []
+        self.lock = threading.Lock()
+
+    def watch(self, index: int, node: Node) -> None:
+        sweep = node.store.sweep
+
+        def counted(unreachable_ms: int, cleanup_ms: int) -> tuple[int, int]:
+            marked, removed = sweep(unreachable_ms, cleanup_ms)
+            with self.lock:
+                self.calls.append((index, marked, removed))
+            return marked, removed
+
+        node.store.sweep = counted  # type: ignore[method-assign]
+
+    def by(self, index: int) -> list[tuple[int, int, int]]:
+        with self.lock:
+            return [c for c in self.calls if c[0] == index]
+
+
+@contextmanager
+def nodes(
+    backend: Backend, count: int, sweeps: Sweeps | None = None, settings: ClusterSettings = SETTINGS
+) -> Iterator[list[Node]]:
+    started: list[Node] = []
+    try:
+        for index in range(count):
+            node = Node(backend.engine, None, settings, capacity=0)
+            if sweeps is not None:
+                sweeps.watch(index, node)
+            started.append(node.start())
+        yield started
+    finally:
+        for node in started:
+            node.stop(drain_timeout_ms=1000)
+
+
+def holder(backend: Backend) -> tuple[str, bool] | None:
+    """The sweep lease's holder and whether it lapsed, as the database judges."""
+    row = CoordinationStore(backend.engine).leases(SETTINGS.unreachable_threshold).get(SWEEP)
+    return None if row is None else (row.holder, row.lapsed)
+
+
+def holders(started: list[Node]) -> list[int]:
+    """The nodes that act as the sweep lease's holder now (by their own clocks)."""
+    return [i for i, node in enumerate(started) if node.leases.holding(SWEEP) is not None]
+
+
+@contextmanager
+def frozen(node: Node, service: str) -> Iterator[Callable[[], None]]:
+    """Stop ``service`` of ``node`` at the top of its next turn until released (or the end)."""
+    thaw = threading.Event()
+    target = node.services.get(service)
+    assert target is not None
+    target.gate = lambda: thaw.wait()
+    try:
+        yield thaw.set
+    finally:
+        thaw.set()
+        target.gate = None
+
+
+@BACKENDS
+def test_one_holder_at_a_time_and_only_it_sweeps(backend: Backend) -> None:
+    sweeps = Sweeps()
+    with nodes(backend, 4, sweeps) as started:
+        wait_for(lambda: holders(started), 10, "a node to take the sweep lease")
+        first = holders(started)
+        assert len(first) == 1
+        (index,) = first
+        wait_for(lambda: len(sweeps.by(index)) >= 5, 10, "the holder to sweep")
+        # For ten intervals of everybody's services: still one holder, the same (it renews),
+        # and no other node sweeps.
+        deadline = time.monotonic() + 10 * INTERVAL_MS / 1000
+        while time.monotonic() < deadline:
+            assert holders(started) == [index]
+            time.sleep(0.02)
+        assert holder(backend) == (started[index].node_id, False)
+        swept_by = {c[0] for c in sweeps.calls}
+        assert swept_by == {index}, f"sweeps by nodes {sorted(swept_by)}, holder {index}"
+
+
+@BACKENDS
+def test_a_lapsed_lease_is_taken_within_one_interval(backend: Backend) -> None:
+    with nodes(backend, 3) as started:
+        wait_for(lambda: holders(started), 10, "a node to take the sweep lease")
+        (index,) = holders(started)
+        old = started[index].node_id
+        with frozen(started[index], "leases") as thaw:
+            # Its heartbeat goes on (it is alive); its lease is not renewed.
+            # Lapsed, or already taken (a taker may look a moment after the lapse, between two
+            # of these reads).
+            wait_for(
+                lambda: (h := holder(backend)) is not None and (h[1] or h[0] != old),
+                30,
+                "the lease to lapse",
+            )
+            lapsed_at = time.monotonic()
+            found = wait_for(
+                lambda: (h := holder(backend)) is not None and h[0] != old and not h[1],
+                INTERVAL_MS / 1000 + SLACK_S,
+                "another node to take the lapsed lease within one interval",
+            )
+            taken_s = time.monotonic() - lapsed_at
+            assert found
+            # By its own clock the frozen holder stopped acting before the lease lapsed.
+            assert started[index].leases.holding(SWEEP) is None
+            thaw()
+            # Awake again, its renewal is refused (the lease is another's now): one holder.
+            new = holder(backend)
+            assert new is not None
+            wait_for(
+                lambda: (
+                    holders(started) == [i for i, n in enumerate(started) if n.node_id == new[0]]
+                ),
+                10,
+                "exactly the new holder to act",
+            )
+        assert taken_s <= INTERVAL_MS / 1000 + SLACK_S
+
+
+@BACKENDS
+def test_a_holder_that_wakes_after_losing_its_lease_removes_nobody_twice(backend: Backend) -> None:
+    """The holder is frozen after its lease check, about to sweep; another node takes the lapsed
+    lease and removes a dead node; the old holder wakes and sweeps: its guarded statements find
+    nothing left to do."""
+    sweeps = Sweeps()
+    with nodes(backend, 1, sweeps) as (first,):
+        wait_for(lambda: first.leases.holding(SWEEP), 10, "the first node to take the lease")
+        me = first.node_id
+        with (
+            frozen(first, "leases"),
+            points.parked(
+                "maintenance.leased", lambda service, node_id: service == "sweep" and node_id == me
+            ) as parking,
+        ):
+            parking.wait(1, timeout=10)
+            with sweeps.lock:
+                sweeps.calls.clear()  # its sweeps before it froze
+            CoordinationStore(backend.engine).register("dead-node", "nowhere", 1)
+            with nodes(backend, 1, settings=SETTINGS) as (second,):
+                # The second takes the lease once it lapses, then marks and removes the dead node.
+                wait_for(lambda: second.leases.holding(SWEEP), 30, "the second to take the lease")
+                wait_for(lambda: not _registered(backend, "dead-node"), 30, "the removal")
+                parking.release()
+                wait_for(lambda: sweeps.by(0), 10, "the woken holder's sweep")
+        assert sweeps.by(0)[0][1:] == (0, 0), "the woken holder marked or removed a node"
+
+
+def _registered(backend: Backend, node_id: str) -> bool:
+    return any(n.node_id == node_id for n in CoordinationStore(backend.engine).nodes(None))
+
+
+@BACKENDS
+def test_a_node_that_leaves_gives_its_lease_up(backend: Backend) -> None:
+    with nodes(backend, 2) as started:
+        wait_for(lambda: holders(started), 10, "a node to take the sweep lease")
+        (index,) = holders(started)
+        other = started[1 - index]
+        began = time.monotonic()
+        started[index].stop(drain_timeout_ms=1000)
+        # Not after the term (the lease's row went): at the other's next look.
+        wait_for(
+            lambda: other.leases.holding(SWEEP),
+            INTERVAL_MS / 1000 + SLACK_S,
+            "the other node to take the lease",
+        )
+        assert time.monotonic() - began < SETTINGS.unreachable_threshold / 1000
