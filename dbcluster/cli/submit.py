@@ -11,8 +11,15 @@ from typing import Any
 
 import click
 
-from dbcluster.cli.engines import Tables, open_engine
-from dbcluster.cli.options import APP_HELP, DURATION_S, EXIT_FAILED, EXIT_OK, URL_HELP
+from dbcluster.cli.engines import Tables, open_engine, ride_out
+from dbcluster.cli.options import (
+    APP_HELP,
+    DURATION_S,
+    EXIT_FAILED,
+    EXIT_OK,
+    URL_HELP,
+    connect_timeout_option,
+)
 from dbcluster.states import LAUNCH_FAILED, LAUNCH_LAUNCHED, LAUNCH_PENDING
 
 #: How long ``submit --wait`` waits for a node to claim the request before it says that none has.
@@ -28,6 +35,7 @@ def _json(value: Any) -> None:
 
 @click.command(context_settings={"ignore_unknown_options": True})
 @click.option("--url", envvar="DBCLUSTER_URL", required=True, help=URL_HELP)
+@connect_timeout_option()
 @click.option(
     "--app",
     envvar="DBCLUSTER_APP",
@@ -190,6 +198,7 @@ def _wait(
     envvar="DBCLUSTER_URL",
     help=URL_HELP + " Adds each schedule's last fire (and uses the database clock).",
 )
+@connect_timeout_option()
 @click.option(
     "--cron",
     "expression",
@@ -236,9 +245,9 @@ def schedules(
         engine = open_engine(url, Tables.PRESENT)
         try:
             launches = LaunchStore(CoordinationStore(engine))
-            now, last = (
-                launches.db_now(),
-                launches.last_fires([s.name for s in registry.schedules()]),
+            names = [s.name for s in registry.schedules()]
+            now, last = ride_out(
+                engine, lambda: (launches.db_now(), launches.last_fires(names)), "schedules"
             )
         finally:
             engine.dispose()
