@@ -296,3 +296,40 @@ def test_usage_errors_are_not_waited_out(backend: Backend) -> None:
         assert "warning" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert time.monotonic() - began < 45
+
+
+def test_a_node_whose_join_meets_an_outage_leaves_and_is_made_again(tmp_path: Any) -> None:
+    """The database went away between a command's connect and its node's joining: the half-made
+    node leaves (stopped, its watchers detached) and a new one joins once the database answers."""
+    from sqlalchemy.exc import OperationalError
+
+    from dbcluster.cli.node import join
+    from dbcluster.dialects import make_engine
+
+    engine = make_engine(f"sqlite:///{tmp_path / 'join.db'}")
+    made: list[Any] = []
+    stopped: list[Any] = []
+    detached: list[Any] = []
+
+    class HalfMade:
+        def start(self) -> None:
+            if len(made) == 1:
+                raise OperationalError(
+                    "register", {}, Exception("lost"), connection_invalidated=True
+                )
+
+        def stop(self) -> None:
+            stopped.append(self)
+
+    def make() -> Any:
+        made.append(HalfMade())
+        return made[-1]
+
+    try:
+        cluster, detach = join(engine, make, lambda c: lambda: detached.append(c))
+    finally:
+        engine.dispose()
+    assert len(made) == 2 and cluster is made[1]
+    assert stopped == [made[0]] and detached == [made[0]]
+    detach()
+    assert detached == [made[0], made[1]]
