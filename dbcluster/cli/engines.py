@@ -98,18 +98,22 @@ def _check(engine: Engine, tables: Tables) -> None:
         raise unreachable(engine.url, exc) from exc
 
 
-def ride_out(engine: Engine, work: Callable[[], T], what: str = "work") -> T:
+def ride_out(
+    engine: Engine, work: Callable[[], T], what: str = "work", *, fresh: bool = False
+) -> T:
     """``work()`` (a read, or a write that is safe to repeat: it either committed or did not),
     tried again while it fails on a passing database error, for what is left of the command's
     connect timeout (one warning per failed try); then
     :class:`~dbcluster.errors.DatabaseUnreachableError` (exit 3). Other errors are raised at
     once, and so is a commit whose outcome is unknown: repeating it could do the work twice.
-    ``what`` names the work in the warnings."""
+    ``what`` names the work in the warnings. ``fresh``: a wait of its own, with the whole
+    timeout (work long after the command's start, such as a launch's summary once its job
+    ended)."""
     from dbcluster.batch.transactions import UnclearCommitError
     from dbcluster.dialects import get_provider
 
     provider = get_provider(engine)
-    run = _command_run()
+    run = _policy(connect_timeout_s()).start(what) if fresh else _command_run()
     while True:
         try:
             return work()

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from dbcluster.cli.engines import connect_timeout_s
+from dbcluster.cli.engines import connect_timeout_s, ride_out
 from dbcluster.cli.node import cluster_settings, join, observe
 from dbcluster.cli.options import (
     EXIT_FAILED,
@@ -116,7 +116,10 @@ def run_as_master(
             finally:
                 cluster.stop()
             elapsed = time.monotonic() - began
-            detail = job_detail(engine, execution.id)
+            # The job has ended: an outage now must not turn its outcome into exit 3.
+            detail = ride_out(
+                engine, lambda: job_detail(engine, execution.id), "summary", fresh=True
+            )
         finally:
             detach()
     finally:
