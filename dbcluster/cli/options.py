@@ -60,10 +60,18 @@ CONNECT_TIMEOUT_HELP = (
 )
 
 
-def _set_connect_timeout(_ctx: click.Context, _param: click.Parameter, value: float) -> None:
-    from dbcluster.cli.engines import set_connect_timeout
+def _set_connect_timeout(ctx: click.Context, param: click.Parameter, value: float) -> None:
+    from click.core import ParameterSource
 
-    set_connect_timeout(value)
+    from dbcluster.cli.engines import TIMEOUT_KEY, set_connect_timeout
+
+    # A subcommand's default does not override its group's value (`migrate --connect-timeout 5
+    # current`).
+    given = (
+        param.name is None or ctx.get_parameter_source(param.name) is not ParameterSource.DEFAULT
+    )
+    if given or TIMEOUT_KEY not in ctx.meta:
+        set_connect_timeout(value)
 
 
 def connect_timeout_option() -> Callable[[Any], Any]:
