@@ -10,8 +10,8 @@ default) from the first failure, then gives up in one line naming the URL (witho
 password) and the driver's reason, exit status 3 (:class:`~dbcluster.errors.
 DatabaseUnreachableError`). What is passing is the provider's judgement
 (:func:`~dbcluster.cluster.patience.is_passing`: its transient errors, a read-only server, a
-lost connection), never a database's name; anything else (a wrong password, missing tables, an
-unknown job) is raised at once (exit 2).
+lost connection), never a database's name; anything else is raised at once (a wrong password or
+a database that does not exist: exit 3; missing tables, an unknown job: exit 2).
 
 The wait covers the connect, the table checks and, through :func:`ride_out`, the command's first
 work (a launch's creating transaction, ``status``'s reads): one run of the retry primitive
@@ -26,7 +26,7 @@ from collections.abc import Callable
 from enum import Enum
 from typing import TYPE_CHECKING, TypeVar
 
-from dbcluster.errors import DatabaseUnreachableError, unreachable
+from dbcluster.errors import DatabaseUnreachableError, reason_of, unreachable
 from dbcluster.retry import Retry, Retrying, quietly
 
 if TYPE_CHECKING:
@@ -163,11 +163,12 @@ def _warn(engine: Engine, what: str, run: Retrying, error: BaseException) -> Non
     """One line per failed try: a WARNING record where the command logs (a worker, a launch's
     master), else a warning line on stderr in the command's log format."""
     from dbcluster.cli.output import announce
+    from dbcluster.masking import safe_url
 
     left = max(0.0, (run.deadline or 0.0) - run.policy.clock())
     line = (
-        f"database unavailable ({what}, try {run.attempt}): {unreachable(engine.url, error)}; "
-        f"trying again for up to {left:.1f} s"
+        f"database unavailable ({what}, try {run.attempt}): {safe_url(engine.url)}: "
+        f"{reason_of(error)}; trying again for up to {left:.1f} s"
     )
     if logging.getLogger().handlers:
         log.warning("%s", line)
