@@ -62,7 +62,10 @@ def stop(url: str, execution_id: int, wait: bool, timeout: float, as_json: bool)
             return
         deadline = time.monotonic() + timeout
         while True:
-            current = repository.get_job_execution(execution_id)
+            # Each look waits an outage out on its own (the stop goes on through it).
+            current = ride_out(
+                engine, lambda: repository.get_job_execution(execution_id), "wait", fresh=True
+            )
             assert current is not None
             if not current.status.is_running:
                 _report(execution_id, current.job_name, current.status.value, as_json)

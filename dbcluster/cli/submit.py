@@ -7,6 +7,7 @@ import json
 import sys
 import time
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 import click
@@ -126,7 +127,8 @@ def _wait(
     hinted = False
     repository = JobRepository(engine)
     while True:
-        row = launches.request(request_id)
+        # Each look waits an outage out on its own (the job goes on through it).
+        row = ride_out(engine, lambda: launches.request(request_id), "wait", fresh=True)
         if row is not None and row.status == LAUNCH_FAILED:
             if as_json:
                 _json(
@@ -138,7 +140,8 @@ def _wait(
             return EXIT_FAILED
         execution = None
         if row is not None and row.status == LAUNCH_LAUNCHED:
-            execution = repository.get_job_execution(int(row.job_execution_id))
+            look = partial(repository.get_job_execution, int(row.job_execution_id))
+            execution = ride_out(engine, look, "wait", fresh=True)
             if execution is not None and not execution.status.is_running:
                 status = execution.status.value
                 if as_json:
