@@ -7,7 +7,9 @@ opens it (tcp_proxy.py): no sleeps, no restart of a shared server."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import threading
 import time
@@ -207,9 +209,6 @@ def test_a_detached_launch_issued_while_the_server_is_away_reports_a_committed_e
     finally:
         stop_process(proc)
         if child is not None:
-            import os
-            import signal
-
             try:
                 os.kill(child, signal.SIGKILL)
             except ProcessLookupError:
