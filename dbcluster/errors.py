@@ -35,9 +35,16 @@ class SchemaVersionError(DbclusterError):
 def unreachable(url: object, error: BaseException) -> DatabaseUnreachableError:
     """The one-line error for a database that did not answer: the URL and the driver's first
     line, both without a password."""
-    from dbcluster.masking import mask_secrets, safe_url
+    from dbcluster.masking import safe_url
+
+    return DatabaseUnreachableError(f"cannot connect to {safe_url(url)}: {reason_of(error)}")  # type: ignore[arg-type]
+
+
+def reason_of(error: BaseException) -> str:
+    """The first line of the driver's message for a database error (SQLAlchemy's wrapper
+    left out), without a password."""
+    from dbcluster.masking import mask_secrets
 
     orig = getattr(error, "orig", None)
     lines = str(orig if orig is not None else error).strip().splitlines()
-    reason = mask_secrets(lines[0]) if lines else type(error).__name__
-    return DatabaseUnreachableError(f"cannot connect to {safe_url(url)}: {reason}")  # type: ignore[arg-type]
+    return mask_secrets(lines[0]) if lines else type(error).__name__

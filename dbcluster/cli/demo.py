@@ -28,6 +28,7 @@ import click
 from sqlalchemy import Engine, func, select
 
 from dbcluster.cli.engines import open_engine
+from dbcluster.cli.options import connect_timeout_option
 from dbcluster.demo import (
     APP,
     DEMO_SETTINGS,
@@ -60,6 +61,7 @@ if TYPE_CHECKING:
     help="Run on this database instead of a temporary SQLite file (or set "
     "DBCLUSTER_DEMO_URL; DBCLUSTER_URL is ignored on purpose).",
 )
+@connect_timeout_option()
 @click.option("-v", "--verbose", is_flag=True, help="Show the workers' log lines too.")
 def demo(nodes: int, url: str | None, verbose: bool) -> None:
     """Watch a cluster survive a dead worker: N worker processes sum receipts by id range, one

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from dbcluster.cli.engines import Tables, open_engine
+from dbcluster.cli.engines import Tables, open_engine, ride_out
 from dbcluster.cli.options import url_option
 from dbcluster.cli.output import echo_json, print_renderables
 
@@ -28,7 +28,7 @@ def status(url: str, as_json: bool) -> None:
 
     engine = open_engine(url, Tables.CURRENT)
     try:
-        found = cluster_status(engine)
+        found = ride_out(engine, lambda: cluster_status(engine), "status")
     finally:
         engine.dispose()
     if as_json:
@@ -55,7 +55,7 @@ def jobs(url: str, limit: int, job_name: str | None, as_json: bool) -> None:
 
     engine = open_engine(url, Tables.CURRENT)
     try:
-        rows = recent_jobs(engine, limit, job_name)
+        rows = ride_out(engine, lambda: recent_jobs(engine, limit, job_name), "jobs")
     finally:
         engine.dispose()
     if as_json:
@@ -75,7 +75,7 @@ def job_command(url: str, execution_id: int, as_json: bool) -> None:
 
     engine = open_engine(url, Tables.CURRENT)
     try:
-        detail = job_detail(engine, execution_id)
+        detail = ride_out(engine, lambda: job_detail(engine, execution_id), "job")
     finally:
         engine.dispose()
     if as_json:

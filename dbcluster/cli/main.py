@@ -48,14 +48,20 @@ for _command in (
 
 
 def _unavailable(error: BaseException) -> bool:
-    """Whether a database error says the database is unavailable (no connection, a lost one,
-    a pool that could not get one), not that a statement was wrong."""
+    """Whether an error that ended a command says the database is unavailable (no connection,
+    a lost one, a pool that could not get one, a server shutting down or read-only: the
+    provider's judgement, :func:`~dbcluster.cli.engines.is_outage`), not that a statement was
+    wrong."""
     from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
     from sqlalchemy.exc import TimeoutError as PoolTimeout
 
+    from dbcluster.cli.engines import is_outage
+
     if isinstance(error, DBAPIError) and error.connection_invalidated:
         return True
-    return isinstance(error, (OperationalError, InterfaceError, DisconnectionError, PoolTimeout))
+    if isinstance(error, (OperationalError, InterfaceError, DisconnectionError, PoolTimeout)):
+        return True
+    return is_outage(error)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -75,8 +81,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _main(argv: list[str] | None) -> None:
-    from sqlalchemy.exc import SQLAlchemyError
-
     from dbcluster.cluster.settings import warn_unknown_variables
     from dbcluster.logs import json_requested
     from dbcluster.masking import mask_secrets
@@ -109,7 +113,9 @@ def _main(argv: list[str] | None) -> None:
         fail(str(exc), EXIT_USAGE)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
-    except SQLAlchemyError as exc:
+    except Exception as exc:
+        # The database went away after the command's first work (a restart mid-job, during a
+        # launch's summary): one line, exit 3, never a traceback with exit 1.
         if not _unavailable(exc):
             raise
         orig = getattr(exc, "orig", None) or exc

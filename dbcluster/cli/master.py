@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from dbcluster.cli.node import cluster_settings, observe
+from dbcluster.cli.engines import connect_timeout_s, ride_out
+from dbcluster.cli.node import cluster_settings, join, observe
 from dbcluster.cli.options import (
     EXIT_FAILED,
     EXIT_OK,
@@ -92,22 +93,36 @@ def run_as_master(
     err = Console(stderr=True, highlight=False)
     master_logging(log_choice, quiet, err)
     json_logs = log_choice.format == "json"
-    # A launching process ends with its own job: it takes no other job over.
-    cluster = Cluster(
-        engine, registry, cluster_settings(concurrency, None), work=not no_work, take_over=False
-    )
     progress = LaunchProgress(engine, err)
-    if not quiet and not json_logs:
-        cluster.handler.progress = progress
-    detach = observe(cluster, otel=otel, log_format=log_choice.format)
+
+    def make() -> Cluster:
+        # A launching process ends with its own job: it takes no other job over.
+        made = Cluster(
+            engine, registry, cluster_settings(concurrency, None), work=not no_work, take_over=False
+        )
+        if not quiet and not json_logs:
+            made.handler.progress = progress
+        return made
+
     began = time.monotonic()
     try:
-        with cluster, nullcontext() if json_logs else progress:
-            execution = start(cluster)
-        elapsed = time.monotonic() - began
-        detail = job_detail(engine, execution.id)
+        cluster, detach = join(
+            engine, make, lambda made: observe(made, otel=otel, log_format=log_choice.format)
+        )
+        try:
+            try:
+                with nullcontext() if json_logs else progress:
+                    execution = start(cluster)
+            finally:
+                cluster.stop()
+            elapsed = time.monotonic() - began
+            # The job has ended: an outage now must not turn its outcome into exit 3.
+            detail = ride_out(
+                engine, lambda: job_detail(engine, execution.id), "summary", fresh=True
+            )
+        finally:
+            detach()
     finally:
-        detach()
         engine.dispose()
     outcome = {
         "job_execution_id": execution.id,
@@ -163,8 +178,10 @@ def detach_launch(
     otel: bool = False,
 ) -> None:
     """Start ``dbcluster launch --detached-child`` in a session of its own (closing the terminal
-    does not stop it), wait for the execution id it reports, print it and return; when it exits
-    before reporting, say why in one line (the last of its log) and exit with its status."""
+    does not stop it), wait for the execution id it reports once the execution is committed,
+    print it and return; when it exits before reporting, say why in one line (the last of its
+    log) and exit with its status. The child waits a database outage out as this command does
+    (the same ``--connect-timeout``), so this wait allows for that."""
     import json
     import subprocess
     import tempfile
@@ -184,6 +201,8 @@ def detach_launch(
     args += ["--log-level", log_choice.level] if log_choice.level else []
     args += ["--log-format", log_choice.format]
     args += ["--otel"] if otel else []
+    timeout_s = connect_timeout_s()
+    args += ["--connect-timeout", f"{round(timeout_s * 1000)}ms"]
     args += ["--", job, *params]
     # The URL travels in the environment, never on a command line other users can read.
     env = {**os.environ, "DBCLUSTER_URL": url}
@@ -200,7 +219,8 @@ def detach_launch(
     lines: list[bytes] = []
     reader = threading.Thread(target=lambda: lines.append(child.stdout.readline()), daemon=True)
     reader.start()
-    reader.join(timeout=120)
+    # Its connect and its creating transaction may each wait out an outage.
+    reader.join(timeout=120 + 2 * timeout_s)
     line = lines[0] if lines else b""
     try:
         execution_id = int(json.loads(line)["job_execution_id"])

@@ -8,12 +8,13 @@ from typing import Any
 
 import click
 
-from dbcluster.cli.engines import open_engine
-from dbcluster.cli.options import URL_HELP
+from dbcluster.cli.engines import open_engine, ride_out
+from dbcluster.cli.options import URL_HELP, connect_timeout_option
 
 
 @click.group(invoke_without_command=True)
 @click.option("--url", envvar="DBCLUSTER_URL", help=URL_HELP)
+@connect_timeout_option()
 @click.option("--sql", "as_sql", is_flag=True, help="Print the SQL for a DBA; touch nothing.")
 @click.option(
     "--dialect",
@@ -72,8 +73,12 @@ def migrate(
             engine = open_engine(url)
             try:
                 provider = get_provider(engine)
-                with engine.connect() as conn:
-                    start = from_version or migrations.current_version(conn) or "0001"
+
+                def read() -> str | None:
+                    with engine.connect() as conn:
+                        return migrations.current_version(conn)
+
+                start = from_version or ride_out(engine, read, "migrate") or "0001"
             finally:
                 engine.dispose()
         else:
@@ -110,13 +115,17 @@ def _state(url: str) -> dict[str, Any]:
     from dbcluster import migrations, schema
     from dbcluster.masking import safe_url
 
-    engine = open_engine(url)
-    try:
+    def read() -> tuple[str | None, Any]:
         with engine.connect() as conn:
             version = migrations.current_version(conn)
             applied_time = None
             if inspect(conn).has_table(schema.schema_version.name):
                 applied_time = conn.execute(select(schema.schema_version.c.applied_time)).scalar()
+        return version, applied_time
+
+    engine = open_engine(url)
+    try:
+        version, applied_time = ride_out(engine, read, "migrate")
     finally:
         engine.dispose()
     known = [r.revision for r in migrations.revisions()]
@@ -136,6 +145,7 @@ def _url(ctx: click.Context, url: str | None) -> str | None:
 
 @migrate.command("current")
 @click.option("--url", envvar="DBCLUSTER_URL", help=URL_HELP)
+@connect_timeout_option()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 def current(ctx: click.Context, url: str | None, as_json: bool) -> None:
@@ -177,6 +187,7 @@ def current(ctx: click.Context, url: str | None, as_json: bool) -> None:
     envvar="DBCLUSTER_URL",
     help=URL_HELP + " Marks which revisions the database has (none: no connection is made).",
 )
+@connect_timeout_option()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 def history(ctx: click.Context, url: str | None, as_json: bool) -> None:

@@ -4,10 +4,16 @@ its settings from options and the environment, and what watches it (spans, metri
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from dbcluster.cli.engines import ride_out
 from dbcluster.cli.output import announce
 from dbcluster.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
+    from dbcluster.cluster import Cluster
 
 
 def cluster_settings(
@@ -22,6 +28,33 @@ def cluster_settings(
         node_id_prefix=node_prefix,
         prune_after=None if prune_after is None else parse_age(prune_after),
     )
+
+
+def join(
+    engine: Engine,
+    make: Callable[[], Cluster],
+    attach: Callable[[Cluster], Callable[[], None]],
+) -> tuple[Cluster, Callable[[], None]]:
+    """A cluster made by ``make()``, watched by ``attach(cluster)`` (which returns what detaches
+    it) and started: its node has joined. A start that fails on a passing database error (an
+    outage that began after the command connected) is made again from scratch, for what is
+    left of the command's connect timeout (see :func:`~dbcluster.cli.engines.ride_out`); the
+    node that failed half-way leaves first, so nothing of it lingers."""
+
+    def attempt() -> tuple[Cluster, Callable[[], None]]:
+        cluster = make()
+        detach = attach(cluster)
+        try:
+            cluster.start()
+        except BaseException:
+            try:
+                cluster.stop()
+            finally:
+                detach()
+            raise
+        return cluster, detach
+
+    return ride_out(engine, attempt, "join the cluster")
 
 
 def observe(

@@ -41,11 +41,52 @@ def _export_url(_ctx: click.Context, _param: click.Parameter, value: str | None)
     return value
 
 
-def url_option(required: bool = True) -> Callable[[Any], Any]:
+def url_option(required: bool = True, *, connects: bool = True) -> Callable[[Any], Any]:
     """``--url`` (or ``DBCLUSTER_URL``) of a command that runs or reads the cluster, exported to
-    its environment as ``DBCLUSTER_URL``."""
-    return click.option(
+    its environment as ``DBCLUSTER_URL``; with ``connects``, ``--connect-timeout`` too."""
+    url = click.option(
         "--url", envvar="DBCLUSTER_URL", required=required, help=URL_HELP, callback=_export_url
+    )
+    if not connects:
+        return url
+    timeout = connect_timeout_option()
+    return lambda command: timeout(url(command))
+
+
+CONNECT_TIMEOUT_HELP = (
+    "How long to wait out a database that is unavailable (restarting, failing over), trying "
+    "again with one warning per try, before exiting 3 (30s, 2m; a bare number is seconds; 0: "
+    "try once; or set DBCLUSTER_CONNECT_TIMEOUT)."
+)
+
+
+def _set_connect_timeout(ctx: click.Context, param: click.Parameter, value: float) -> None:
+    from click.core import ParameterSource
+
+    from dbcluster.cli.engines import TIMEOUT_KEY, set_connect_timeout
+
+    # A subcommand's default does not override its group's value (`migrate --connect-timeout 5
+    # current`).
+    given = (
+        param.name is None or ctx.get_parameter_source(param.name) is not ParameterSource.DEFAULT
+    )
+    if given or TIMEOUT_KEY not in ctx.meta:
+        set_connect_timeout(value)
+
+
+def connect_timeout_option() -> Callable[[Any], Any]:
+    """``--connect-timeout`` (or ``DBCLUSTER_CONNECT_TIMEOUT``, default 60 s) of a command that
+    connects: how long :mod:`dbcluster.cli.engines` waits a database outage out. The command
+    does not receive it as an argument."""
+    return click.option(
+        "--connect-timeout",
+        type=DURATION_S,
+        default="60s",
+        show_default=True,
+        envvar="DBCLUSTER_CONNECT_TIMEOUT",
+        expose_value=False,
+        callback=_set_connect_timeout,
+        help=CONNECT_TIMEOUT_HELP,
     )
 
 

@@ -8,6 +8,7 @@ import json
 import click
 
 from dbcluster.cli.engines import Tables, open_engine
+from dbcluster.cli.options import connect_timeout_option
 
 
 @click.command()
@@ -17,6 +18,7 @@ from dbcluster.cli.engines import Tables, open_engine
     required=True,
     help="SQLAlchemy database URL (or set DBCLUSTER_URL).",
 )
+@connect_timeout_option()
 @click.option(
     "--older-than",
     "older_than",

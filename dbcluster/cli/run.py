@@ -9,9 +9,9 @@ from typing import Any
 
 import click
 
-from dbcluster.cli.engines import Tables, open_engine
+from dbcluster.cli.engines import Tables, open_engine, ride_out
 from dbcluster.cli.master import LogChoice, detach_launch, report_to_parent, run_as_master
-from dbcluster.cli.node import cluster_settings, observe
+from dbcluster.cli.node import cluster_settings, join, observe
 from dbcluster.cli.options import (
     APP_HELP,
     EXIT_INTERRUPTED,
@@ -85,7 +85,18 @@ def worker(
     registry = load_registry(app)
     settings = cluster_settings(concurrency, node_prefix, prune_after)
     engine = open_engine(url, Tables.CURRENT)
-    cluster = Cluster(engine, registry, settings, accept_launches=accept_launches)
+    cluster, detach = join(
+        engine,
+        lambda: Cluster(engine, registry, settings, accept_launches=accept_launches),
+        lambda cluster: observe(
+            cluster,
+            otel=otel,
+            metrics_port=metrics_port,
+            health_port=health_port,
+            host=endpoints_host,
+            log_format=log_format,
+        ),
+    )
     stop = threading.Event()
     signals: list[int] = []
 
@@ -99,15 +110,6 @@ def worker(
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    detach = observe(
-        cluster,
-        otel=otel,
-        metrics_port=metrics_port,
-        health_port=health_port,
-        host=endpoints_host,
-        log_format=log_format,
-    )
-    cluster.start()
     announce(f"node {cluster.node.node_id} running; SIGTERM or Ctrl-C to stop", log_format)
     while not stop.wait(0.5):
         pass
@@ -194,7 +196,12 @@ def launch(
     engine = open_engine(url, Tables.CURRENT)
     try:
         if next_run:
-            parameters = JobLauncher(JobRepository(engine)).next_parameters(job_def, parameters)
+            given = parameters
+            parameters = ride_out(
+                engine,
+                lambda: JobLauncher(JobRepository(engine)).next_parameters(job_def, given),
+                "launch",
+            )
             params = tuple(parameters.to_strings())  # what a detached master is given
         job_def.validate_parameters(parameters)
     except BaseException:
@@ -207,7 +214,12 @@ def launch(
         return
 
     def start(cluster: Any) -> Any:
-        execution = cluster.create_execution(job_def, parameters)
+        # The creating transaction is verified, not repeated, when its commit's outcome is
+        # unknown (ride_out raises that at once): the launch never makes two executions. A
+        # detached master reports the id only once the execution is committed.
+        execution = ride_out(
+            engine, lambda: cluster.create_execution(job_def, parameters), "launch"
+        )
         if detached_child:
             report_to_parent(execution.id)
         # Cluster.launch() is create_execution() then run_execution(); split so a detached master
@@ -272,7 +284,9 @@ def restart(
     registry = load_registry(app)
     engine = open_engine(url, Tables.CURRENT)
     try:
-        old = JobRepository(engine).get_job_execution(execution_id)
+        old = ride_out(
+            engine, lambda: JobRepository(engine).get_job_execution(execution_id), "restart"
+        )
         if old is None:
             raise NoSuchJobExecutionError(f"there is no job execution with id {execution_id}")
         if old.status is BatchStatus.COMPLETED:
@@ -290,10 +304,21 @@ def restart(
     except BaseException:
         engine.dispose()
         raise
+    job_def = registry.get_job(old.job_name)
+
+    def start(cluster: Any) -> Any:
+        # Cluster.restart(), with its creating transaction ridden out as a launch's is.
+        execution = ride_out(
+            engine,
+            lambda: cluster.create_execution(job_def, old.parameters, existing=True),
+            "restart",
+        )
+        return cluster.run_execution(job_def, execution)
+
     run_as_master(
         engine,
         registry,
-        lambda cluster: cluster.restart(execution_id),
+        start,
         no_work,
         concurrency,
         as_json,

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from dbcluster.cli.engines import Tables, open_engine
-from dbcluster.cli.options import DURATION_S
+from dbcluster.cli.engines import Tables, open_engine, ride_out
+from dbcluster.cli.options import DURATION_S, connect_timeout_option
 from dbcluster.errors import DbclusterError
 
 if TYPE_CHECKING:
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 @click.command()
 @click.option("--url", envvar="DBCLUSTER_URL", required=True, help="SQLAlchemy database URL.")
+@connect_timeout_option()
 @click.argument("execution_id", type=int)
 @click.option(
     "--wait", is_flag=True, help="Wait until the execution has ended and print how it ended."
@@ -53,13 +54,18 @@ def stop(url: str, execution_id: int, wait: bool, timeout: float, as_json: bool)
     engine = open_engine(url, Tables.CURRENT)
     try:
         repository = JobRepository(engine)
-        execution = request_stop(CoordinationStore(engine), repository, execution_id)
+        store = CoordinationStore(engine)
+        # Stopping a STOPPING execution again changes nothing: safe to repeat.
+        execution = ride_out(engine, lambda: request_stop(store, repository, execution_id), "stop")
         if not wait:
             _report(execution_id, execution.job_name, "STOPPING", as_json)
             return
         deadline = time.monotonic() + timeout
         while True:
-            current = repository.get_job_execution(execution_id)
+            # Each look waits an outage out on its own (the stop goes on through it).
+            current = ride_out(
+                engine, lambda: repository.get_job_execution(execution_id), "wait", fresh=True
+            )
             assert current is not None
             if not current.status.is_running:
                 _report(execution_id, current.job_name, current.status.value, as_json)

@@ -7,12 +7,20 @@ import json
 import sys
 import time
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 import click
 
-from dbcluster.cli.engines import Tables, open_engine
-from dbcluster.cli.options import APP_HELP, DURATION_S, EXIT_FAILED, EXIT_OK, URL_HELP
+from dbcluster.cli.engines import Tables, open_engine, ride_out
+from dbcluster.cli.options import (
+    APP_HELP,
+    DURATION_S,
+    EXIT_FAILED,
+    EXIT_OK,
+    URL_HELP,
+    connect_timeout_option,
+)
 from dbcluster.states import LAUNCH_FAILED, LAUNCH_LAUNCHED, LAUNCH_PENDING
 
 #: How long ``submit --wait`` waits for a node to claim the request before it says that none has.
@@ -28,6 +36,7 @@ def _json(value: Any) -> None:
 
 @click.command(context_settings={"ignore_unknown_options": True})
 @click.option("--url", envvar="DBCLUSTER_URL", required=True, help=URL_HELP)
+@connect_timeout_option()
 @click.option(
     "--app",
     envvar="DBCLUSTER_APP",
@@ -118,7 +127,8 @@ def _wait(
     hinted = False
     repository = JobRepository(engine)
     while True:
-        row = launches.request(request_id)
+        # Each look waits an outage out on its own (the job goes on through it).
+        row = ride_out(engine, lambda: launches.request(request_id), "wait", fresh=True)
         if row is not None and row.status == LAUNCH_FAILED:
             if as_json:
                 _json(
@@ -130,7 +140,8 @@ def _wait(
             return EXIT_FAILED
         execution = None
         if row is not None and row.status == LAUNCH_LAUNCHED:
-            execution = repository.get_job_execution(int(row.job_execution_id))
+            look = partial(repository.get_job_execution, int(row.job_execution_id))
+            execution = ride_out(engine, look, "wait", fresh=True)
             if execution is not None and not execution.status.is_running:
                 status = execution.status.value
                 if as_json:
@@ -190,6 +201,7 @@ def _wait(
     envvar="DBCLUSTER_URL",
     help=URL_HELP + " Adds each schedule's last fire (and uses the database clock).",
 )
+@connect_timeout_option()
 @click.option(
     "--cron",
     "expression",
@@ -236,9 +248,9 @@ def schedules(
         engine = open_engine(url, Tables.PRESENT)
         try:
             launches = LaunchStore(CoordinationStore(engine))
-            now, last = (
-                launches.db_now(),
-                launches.last_fires([s.name for s in registry.schedules()]),
+            names = [s.name for s in registry.schedules()]
+            now, last = ride_out(
+                engine, lambda: (launches.db_now(), launches.last_fires(names)), "schedules"
             )
         finally:
             engine.dispose()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from dbcluster.cli.engines import open_engine
+from dbcluster.cli.engines import open_engine, ride_out
 from dbcluster.cli.options import url_option
 from dbcluster.errors import ConfigurationError
 
@@ -33,7 +33,7 @@ def _server_version(text: str | None) -> tuple[int, ...] | None:
 
 @click.command()
 @click.option("--dialect", "dialect_name", cls=ProviderNameOption)
-@url_option(required=False)
+@url_option(required=False, connects=False)
 @click.option(
     "--server-version",
     help="The oldest server version the DDL must load on, e.g. 19 or 23 for Oracle "
@@ -63,14 +63,20 @@ def init(url: str) -> None:
     from dbcluster import migrations
     from dbcluster.dialects import get_provider
 
-    engine = open_engine(url)
-    try:
+    def create() -> tuple[list[str], list[str]]:
+        # Safe to repeat after a lost connection: it creates what is missing, and records the
+        # version where it is unrecorded.
         with engine.connect() as conn:
             version = migrations.current_version(conn)
         if version not in (None, migrations.HEAD):
             migrations.require_current_schema(engine)  # says to migrate or to upgrade
-        created, indexes = get_provider(engine).create_schema(engine)
+        made = get_provider(engine).create_schema(engine)
         migrations.record_if_unrecorded(engine)  # an init cut short made the tables only
+        return made
+
+    engine = open_engine(url)
+    try:
+        created, indexes = ride_out(engine, create, "init")
     finally:
         engine.dispose()
     if created:

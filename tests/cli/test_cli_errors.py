@@ -50,8 +50,11 @@ def assert_user_error(args: list[str], *expected: str, status: int = 2) -> str:
     ],
 )
 def test_unreachable_database_exits_3(command: list[str]) -> None:
-    """Exit status 3 is "the database is unavailable" (2 is a usage error), one line."""
-    message = assert_user_error([*command, "--url", UNREACHABLE], "cannot connect to", status=3)
+    """Exit status 3 is "the database is unavailable" (2 is a usage error), one line (with
+    --connect-timeout 0 it tries once; tests/cli/test_cli_outage.py waits)."""
+    message = assert_user_error(
+        [*command, "--url", UNREACHABLE, "--connect-timeout", "0"], "cannot connect to", status=3
+    )
     assert "s3cret" not in message and "dbc:***@127.0.0.1:9" in message
 
 

@@ -86,7 +86,15 @@ def test_checked_in_schema_is_current(name: str) -> None:
         (["ddl", "--url", "::nonsense::"], "cannot parse database URL"),
         (["init", "--url", "postgresql+pg8000://u:s3cret@h/db"], "pip install"),
         (["init", "--url", "informix://u:s3cret@h/db"], "supported: postgresql"),
-        (["init", "--url", "postgresql+psycopg://u:s3cret@127.0.0.1:9/db"], "cannot connect"),
+        (
+            [
+                "init",
+                "--url",
+                "postgresql+psycopg://u:s3cret@127.0.0.1:9/db",
+                "--connect-timeout=0",
+            ],
+            "cannot connect",
+        ),
     ],
 )
 def test_cli_errors_are_one_line_exit_2_no_traceback(args: list[str], message: str) -> None:
