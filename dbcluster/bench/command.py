@@ -87,6 +87,20 @@ def _counts(option: str, value: str, example: str) -> tuple[int, ...]:
     help="ceiling: load-generator processes (default: one per core).",
 )
 @click.option(
+    "--ceiling-threads",
+    default=64,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="ceiling: threads per load-generator process that run its simulated nodes' calls.",
+)
+@click.option(
+    "--ceiling-maintenance",
+    type=click.Choice(["every", "one"]),
+    default="every",
+    show_default=True,
+    help="ceiling: every node sweeps and scans for stranded masters, or one (the lease holder).",
+)
+@click.option(
     "--counting/--no-counting",
     default=True,
     show_default=True,
@@ -112,6 +126,8 @@ def bench(
     ceiling_nodes: str,
     ceiling_seconds: float,
     ceiling_processes: int | None,
+    ceiling_threads: int,
+    ceiling_maintenance: str,
     counting: bool,
 ) -> None:
     """Measure coordination cost, latency, failover time and the ceiling on your database.
@@ -149,6 +165,8 @@ def bench(
         baseline_threads=baseline_threads,
         ceiling_nodes=simulated,
         ceiling_seconds=ceiling_seconds,
+        ceiling_threads=ceiling_threads,
+        ceiling_maintenance=ceiling_maintenance,
         counting=counting,
     )
     if ceiling_processes is not None:

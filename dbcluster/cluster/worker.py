@@ -34,6 +34,9 @@ BUSY_POLL_MS = 25
 #: this on average (milliseconds): a longer one waiting behind another would hold back a job
 #: that a free node elsewhere could have served.
 PREFETCH_BELOW_MS = 500
+#: A poll carries the heartbeat when that is due before the next poll plus this much (or half
+#: an interval, if less): the next poll may start a little late (seconds).
+CARRY_MARGIN_S = 0.25
 #: Claims failing in a row (not on the database's passing trouble) that withdraw a node from
 #: taking partitions.
 CLAIM_FAILURES_TO_WITHDRAW = 3
@@ -315,7 +318,10 @@ class Worker(Service):
         database can do both in one round trip."""
         s = self.settings
         beat = self.heartbeat
-        if beat is not None and beat.due_within(self.interval_ms / 1000):
+        # Due before the next poll ends (a poll takes a moment: a little margin), so that no
+        # heartbeat goes alone; it comes at most that much early.
+        interval_s = self.interval_ms / 1000
+        if beat is not None and beat.due_within(interval_s + min(interval_s / 2, CARRY_MARGIN_S)):
             began = time.monotonic()
             both = self.store.beat_and_poll(
                 identity.node_id,
@@ -344,8 +350,8 @@ class Worker(Service):
         identity = self.context.usable_identity()
         if identity is None or identity.node_id != node_id or self.withdrawn is not None:
             return None
-        if self._backlog or self._offers or self.interval_ms < self.idle_poll_ms():
-            return None  # not idle: the worker's own polls come sooner
+        if self._backlog or self._offers:
+            return None  # not idle: the worker claims what waits
         free = self._room()
         if self.due_in() is None or free <= 0:
             return None  # polling now, or no room
@@ -358,8 +364,10 @@ class Worker(Service):
         waiting = [sid for sid, _ in found if not self.executor.holds(sid)]
         if waiting:
             self.offer(node_id, waiting)
-        else:
-            self.postpone()
+            return
+        # An idle poll that found nothing, as the worker's own would be: it relaxes the pace.
+        self.interval_ms = min(self.idle_poll_ms(), self.interval_ms * 2)
+        self.postpone()
 
     # --- the node's hooks -----------------------------------------------------------------------
 
