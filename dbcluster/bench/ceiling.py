@@ -33,7 +33,14 @@ from sqlalchemy import Engine, delete
 from dbcluster.bench.common import Params, pct
 from dbcluster.bench.harness import scratch_database
 from dbcluster.bench.server import ServerProbe, SqliteProbe, probe_for, rates
-from dbcluster.bench.simulated import Cadence, Scheduler, SimulatedNode, join_all, summary
+from dbcluster.bench.simulated import (
+    Cadence,
+    Scheduler,
+    SimulatedNode,
+    join_all,
+    runqueue_wait_s,
+    summary,
+)
 from dbcluster.cluster.settings import ClusterSettings
 from dbcluster.dialects import make_engine
 from dbcluster.schema import nodes
@@ -100,10 +107,12 @@ def _run_group(
         if stop.is_set():
             break
     scheduler = Scheduler(joined, threads)
-    cpu, wall = time.process_time(), time.monotonic()
+    cpu, wall, waited = time.process_time(), time.monotonic(), runqueue_wait_s()
     scheduler.start()
     stop.wait()
     cpu, wall = time.process_time() - cpu, time.monotonic() - wall
+    after = runqueue_wait_s()
+    waited = None if waited is None or after is None else after - waited
     # Calls still running (a lock wait, a retry) are left behind: what they did before the
     # window ended is recorded already.
     scheduler.stop()
@@ -115,6 +124,7 @@ def _run_group(
         "cpu_s": cpu,
         "wall_s": wall,
         "busy_s": scheduler.busy_s,
+        "runqueue_wait_s": waited,
         "threads": threads,
         "cadence": {
             "heartbeat_ms": idle.heartbeat_ms,
@@ -266,7 +276,13 @@ def _run_nodes(
     calls = sum(len(v) for v in in_window.values())
     cpu = [o["cpu_s"] / o["wall_s"] * 100 for o in outcomes if o["wall_s"] > 0]
     busy = [o["busy_s"] / (o["wall_s"] * o["threads"]) for o in outcomes if o["wall_s"] > 0]
-    fenced = sum(o["fenced"] for o in outcomes)
+    fenced_at = [at for o in outcomes for at in o["fenced"]]
+    fenced = sum(1 for at in fenced_at if at >= since)
+    waits = [
+        round(o["runqueue_wait_s"] / o["wall_s"], 2)
+        for o in outcomes
+        if o["wall_s"] > 0 and o["runqueue_wait_s"] is not None
+    ]
     lag = _latencies(lags)
     # One process cannot use more than a core (the GIL), nor all of them more than the machine;
     # or every thread of a process was busy while calls started late.
@@ -281,7 +297,13 @@ def _run_nodes(
     return {
         "nodes": n,
         "keeps_up": keeps_up,
-        "limit": _limit(keeps_up, saturated, waiters, net.get("cpu_percent")),
+        "limit": _limit(
+            keeps_up,
+            saturated,
+            max(waits, default=0) >= 0.5 and lag.get("p99", 0) > 100,
+            waiters,
+            net.get("cpu_percent"),
+        ),
         "load_generator_saturated": saturated,
         "connect_and_register_s": round(connect_s, 1),
         "window_s": round(window, 1),
@@ -302,6 +324,7 @@ def _run_nodes(
             **late,
         },
         "nodes_declared_dead_while_alive": fenced,
+        "nodes_declared_dead_before_the_window": len(fenced_at) - fenced,
         "errors": len(errors),
         **({"first_error": errors[0]} if errors else {}),
         "load_generator": {
@@ -310,7 +333,11 @@ def _run_nodes(
             "cpu_percent_per_process": [round(c, 1) for c in cpu],
             "threads_busy_share_per_process": [round(b, 3) for b in busy],
             "start_lag_ms": lag,
+            # Seconds its threads waited for a CPU per second: near or above 1, the machine
+            # (other processes, the server) held the generator back, whatever its own CPU.
+            "runqueue_wait_s_per_s_per_process": waits,
         },
+        "machine_load_average_1m": round(os.getloadavg()[0], 1),
     }
 
 
@@ -340,13 +367,19 @@ def _sample_lock_waits(probe: ServerProbe, seconds: float) -> dict[str, Any]:
 
 
 def _limit(
-    keeps_up: bool, saturated: bool, waiters: dict[str, Any], server_cpu: float | None
+    keeps_up: bool,
+    saturated: bool,
+    starved: bool,
+    waiters: dict[str, Any],
+    server_cpu: float | None,
 ) -> str:
-    """Where the limit is, from what was measured: the generator, lock waits, the server's
-    CPU; or not reached."""
+    """Where the limit is, from what was measured: the generator (its CPU or threads, or the
+    machine's CPUs it waited for), lock waits, the server's CPU; or not reached."""
     reasons = []
     if saturated:
         reasons.append("load generator (CPU or threads)")
+    if starved:
+        reasons.append("machine CPUs (the generator waited for a CPU while calls started late)")
     if (waiters.get("sessions_waiting_mean") or 0) >= 1:
         reasons.append("lock waits")
     if server_cpu is not None and server_cpu >= 80 * (os.cpu_count() or 1):

@@ -94,9 +94,9 @@ class SimulatedNode:
     #: Per call name: (wall-clock start, milliseconds, lag in milliseconds).
     calls: dict[str, list[tuple[float, float, float]]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
-    #: Times a heartbeat found the node's row gone (declared dead while alive); it then joins
-    #: again under a new id, as a real node does.
-    fenced: int = 0
+    #: When a heartbeat found the node's row gone (declared dead while alive: ``time.time()``);
+    #: it then joins again under a new id, as a real node does.
+    fenced: list[float] = field(default_factory=list)
     joined: bool = False
     store: CoordinationStore | None = None
     engines: list[Engine] = field(default_factory=list)
@@ -195,8 +195,15 @@ class SimulatedNode:
             self.due[done] = ended + intervals[done] / 1000
 
     def _fenced(self) -> None:
-        self.fenced += 1
+        self.fenced.append(time.time())
         self._register()
+
+    def beat(self) -> None:
+        """One heartbeat now (the last thing before the nodes start: none is found silent for
+        how long the others took to connect)."""
+        assert self.store is not None
+        if not self.store.heartbeat(self.node_id, 0):
+            self._fenced()
 
     def close(self) -> None:
         for engine in self.engines:
@@ -283,12 +290,46 @@ def join_all(
                 node.errors.append(f"register: {type(exc).__name__}: {exc}".splitlines()[0])
                 node.close()
 
-    workers = [threading.Thread(target=work, daemon=True) for _ in range(at_once)]
-    for thread in workers:
-        thread.start()
-    for thread in workers:
-        thread.join()
-    return [node for node, _ in nodes if node.joined]
+    def run(target: Callable[[], None]) -> None:
+        workers = [threading.Thread(target=target, daemon=True) for _ in range(at_once)]
+        for thread in workers:
+            thread.start()
+        for thread in workers:
+            thread.join()
+
+    run(work)
+    joined = [node for node, _ in nodes if node.joined]
+    pending = [(node, cadence) for node, cadence in nodes if node.joined]
+
+    def beat() -> None:
+        while not stop():
+            with lock:
+                if not pending:
+                    return
+                node, _ = pending.pop()
+            try:
+                node.beat()
+            except Exception as exc:  # noqa: BLE001 - reported; its first turn beats again
+                node.errors.append(f"heartbeat: {type(exc).__name__}: {exc}".splitlines()[0])
+
+    run(beat)
+    return joined
+
+
+def runqueue_wait_s() -> float | None:
+    """Seconds this process's threads have waited for a CPU so far (Linux schedstat; None
+    elsewhere): when it grows as fast as the clock, the machine, not the generator's code, held
+    the generator back."""
+    import os
+
+    total = 0.0
+    try:
+        for task in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{task}/schedstat") as stat:
+                total += int(stat.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+    return total
 
 
 def summary(nodes: list[SimulatedNode]) -> dict[str, Any]:
@@ -305,5 +346,5 @@ def summary(nodes: list[SimulatedNode]) -> dict[str, Any]:
             for name in ("heartbeat", "poll")
         },
         "errors": [e for node in nodes for e in list(node.errors)],
-        "fenced": sum(node.fenced for node in nodes),
+        "fenced": [at for node in nodes for at in node.fenced],
     }
