@@ -194,7 +194,12 @@ class Heartbeat(Service):
         database can do both in one statement."""
         load = self.load()
         rider = self.poll
-        limit = None if rider is None else rider.poll_to_carry(identity.node_id)
+        limit = None
+        if rider is not None:
+            try:
+                limit = rider.poll_to_carry(identity.node_id)
+            except Exception as exc:  # noqa: BLE001 - the worker's trouble: beat alone
+                log.debug("node %s beats without its poll: %s", identity.node_id, exc)
         if rider is not None and limit is not None:
             s = self.membership.settings
             both = self.store.beat_and_poll(
@@ -207,7 +212,10 @@ class Heartbeat(Service):
             if both is not None:
                 alive, found = both
                 if alive:
-                    rider.carried_poll(identity.node_id, found)
+                    try:
+                        rider.carried_poll(identity.node_id, found)
+                    except Exception as exc:  # noqa: BLE001 - the worker polls on its own
+                        log.debug("node %s: a carried poll was dropped: %s", identity.node_id, exc)
                 return alive
         return self.store.heartbeat(identity.node_id, load)
 
