@@ -384,8 +384,10 @@ def _limit(
         reasons.append("lock waits")
     if server_cpu is not None and server_cpu >= 80 * (os.cpu_count() or 1):
         reasons.append("server CPU")
+    if keeps_up:
+        return f"not reached (nearest: {', '.join(reasons)})" if reasons else "not reached"
     if not reasons:
-        return "not reached" if keeps_up else "unclear (none of generator, locks, server CPU)"
+        return "unclear (none of generator, locks, server CPU)"
     return ", ".join(reasons)
 
 
