@@ -59,6 +59,7 @@ def _group(
     indices: range,
     maintenance: str,
     threads: int,
+    listening: bool,
     trace_path: str | None,
     ready: Any,
     go: Any,
@@ -75,7 +76,9 @@ def _group(
         counting.install_trace()
         counting.start_dumping(trace_path)
     try:
-        results.put(_run_group(url, settings, indices, maintenance, threads, ready, go, stop))
+        results.put(
+            _run_group(url, settings, indices, maintenance, threads, listening, ready, go, stop)
+        )
     except BaseException as exc:  # noqa: BLE001 - handed to the parent, which reports it
         results.put({"error": f"{type(exc).__name__}: {exc}"})
 
@@ -86,14 +89,15 @@ def _run_group(
     indices: range,
     maintenance: str,
     threads: int,
+    listening: bool,
     ready: Any,
     go: Any,
     stop: Any,
 ) -> dict[str, Any]:
     engine = make_engine(url)
     try:
-        maintaining = Cadence.of(settings, engine, maintains=True)
-        idle = Cadence.of(settings, engine, maintains=False)
+        maintaining = Cadence.of(settings, engine, maintains=True, listening=listening)
+        idle = Cadence.of(settings, engine, maintains=False, listening=listening)
     finally:
         engine.dispose()
     # The lease holder is node 0 (of the first process) where one node maintains for all.
@@ -208,6 +212,7 @@ def _run_nodes(
                 group,
                 p.ceiling_maintenance,
                 max(1, p.ceiling_threads),
+                p.ceiling_listening,
                 trace_paths[k] if trace_paths else None,
                 ready,
                 go,
@@ -428,6 +433,7 @@ def ceiling(url: str | None, p: Params) -> dict[str, Any]:
             "wakeup_poll_interval": settings.wakeup_poll_interval,
         },
         "maintenance": p.ceiling_maintenance,
+        "listening": p.ceiling_listening,
         "note": (
             f"nodes are state machines run by {p.ceiling_threads} threads in each of "
             f"{p.ceiling_processes} load-generator process(es) on this machine, each node with "

@@ -101,6 +101,13 @@ def _counts(option: str, value: str, example: str) -> tuple[int, ...]:
     help="ceiling: every node sweeps and scans for stranded masters, or one (the lease holder).",
 )
 @click.option(
+    "--ceiling-listening/--no-ceiling-listening",
+    default=True,
+    show_default=True,
+    help="ceiling: the simulated nodes' wake-ups arrive (PostgreSQL), or they poll as nodes "
+    "without a listener do.",
+)
+@click.option(
     "--counting/--no-counting",
     default=True,
     show_default=True,
@@ -128,6 +135,7 @@ def bench(
     ceiling_processes: int | None,
     ceiling_threads: int,
     ceiling_maintenance: str,
+    ceiling_listening: bool,
     counting: bool,
 ) -> None:
     """Measure coordination cost, latency, failover time and the ceiling on your database.
@@ -167,6 +175,7 @@ def bench(
         ceiling_seconds=ceiling_seconds,
         ceiling_threads=ceiling_threads,
         ceiling_maintenance=ceiling_maintenance,
+        ceiling_listening=ceiling_listening,
         counting=counting,
     )
     if ceiling_processes is not None:

@@ -49,6 +49,10 @@ class Params:
     ceiling_threads: int = 64
     #: ``every`` node sweeps and scans for stranded masters, or ``one`` (the lease holder).
     ceiling_maintenance: str = "every"
+    #: Whether simulated nodes' wake-ups arrive (where the database has them): they then poll
+    #: every ``wakeup_poll_interval`` (their heartbeats carrying a poll each); else every
+    #: ``task_polling_interval`` (a node behind a pooler without ``listen_url``).
+    ceiling_listening: bool = True
     #: Whether the scenarios that run partitions repeat their run through the round-trip
     #: counters (the wire proxy, or SQLite's trace).
     counting: bool = True

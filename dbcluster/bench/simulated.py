@@ -56,10 +56,13 @@ class Cadence:
     maintenance: tuple[tuple[str, int], ...]
 
     @classmethod
-    def of(cls, settings: ClusterSettings, engine: Engine, maintains: bool) -> Cadence:
-        """A node's cadence on ``engine``'s database (``maintains``: it sweeps and scans)."""
+    def of(
+        cls, settings: ClusterSettings, engine: Engine, maintains: bool, listening: bool = True
+    ) -> Cadence:
+        """A node's cadence on ``engine``'s database (``maintains``: it sweeps and scans;
+        ``listening``: its wake-ups arrive, where the database has them)."""
         provider = get_provider(engine)
-        listening = provider.supports_listen_notify
+        listening = listening and provider.supports_listen_notify
         poll_ms = settings.task_polling_interval
         if listening:
             poll_ms = max(poll_ms, settings.wakeup_poll_interval)
