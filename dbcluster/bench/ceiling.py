@@ -60,6 +60,7 @@ def _group(
     maintenance: str,
     threads: int,
     listening: bool,
+    plain: bool,
     trace_path: str | None,
     ready: Any,
     go: Any,
@@ -77,7 +78,9 @@ def _group(
         counting.start_dumping(trace_path)
     try:
         results.put(
-            _run_group(url, settings, indices, maintenance, threads, listening, ready, go, stop)
+            _run_group(
+                url, settings, indices, maintenance, threads, listening, plain, ready, go, stop
+            )
         )
     except BaseException as exc:  # noqa: BLE001 - handed to the parent, which reports it
         results.put({"error": f"{type(exc).__name__}: {exc}"})
@@ -90,6 +93,7 @@ def _run_group(
     maintenance: str,
     threads: int,
     listening: bool,
+    plain: bool,
     ready: Any,
     go: Any,
     stop: Any,
@@ -102,7 +106,10 @@ def _run_group(
         engine.dispose()
     # The lease holder is node 0 (of the first process) where one node maintains for all.
     nodes = [
-        (SimulatedNode(i, url, settings), maintaining if maintenance == "every" or i == 0 else idle)
+        (
+            SimulatedNode(i, url, settings, plain),
+            maintaining if maintenance == "every" or i == 0 else idle,
+        )
         for i in indices
     ]
     joined = join_all(nodes, _CONNECTING_AT_ONCE, stop.is_set)
@@ -213,6 +220,7 @@ def _run_nodes(
                 p.ceiling_maintenance,
                 max(1, p.ceiling_threads),
                 p.ceiling_listening,
+                p.ceiling_plain,
                 trace_paths[k] if trace_paths else None,
                 ready,
                 go,
@@ -434,6 +442,7 @@ def ceiling(url: str | None, p: Params) -> dict[str, Any]:
         },
         "maintenance": p.ceiling_maintenance,
         "listening": p.ceiling_listening,
+        "plain_connections": p.ceiling_plain,
         "note": (
             f"nodes are state machines run by {p.ceiling_threads} threads in each of "
             f"{p.ceiling_processes} load-generator process(es) on this machine, each node with "

@@ -108,6 +108,14 @@ def _counts(option: str, value: str, example: str) -> tuple[int, ...]:
     "without a listener do.",
 )
 @click.option(
+    "--ceiling-plain-connections",
+    "ceiling_plain",
+    is_flag=True,
+    help="ceiling: simulated nodes connect without session settings (lock and idle bounds) "
+    "or server-side prepared statements, to reach PostgreSQL through PgBouncer in transaction "
+    "mode.",
+)
+@click.option(
     "--counting/--no-counting",
     default=True,
     show_default=True,
@@ -136,6 +144,7 @@ def bench(
     ceiling_threads: int,
     ceiling_maintenance: str,
     ceiling_listening: bool,
+    ceiling_plain: bool,
     counting: bool,
 ) -> None:
     """Measure coordination cost, latency, failover time and the ceiling on your database.
@@ -176,6 +185,7 @@ def bench(
         ceiling_threads=ceiling_threads,
         ceiling_maintenance=ceiling_maintenance,
         ceiling_listening=ceiling_listening,
+        ceiling_plain=ceiling_plain,
         counting=counting,
     )
     if ceiling_processes is not None:

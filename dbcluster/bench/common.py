@@ -53,6 +53,9 @@ class Params:
     #: every ``wakeup_poll_interval`` (their heartbeats carrying a poll each); else every
     #: ``task_polling_interval`` (a node behind a pooler without ``listen_url``).
     ceiling_listening: bool = True
+    #: Simulated nodes connect without session settings or server-side prepared statements
+    #: (through PgBouncer 1.18 in transaction mode).
+    ceiling_plain: bool = False
     #: Whether the scenarios that run partitions repeat their run through the round-trip
     #: counters (the wire proxy, or SQLite's trace).
     counting: bool = True

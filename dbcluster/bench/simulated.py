@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, event
 
 from dbcluster.cluster.settings import ClusterSettings
 from dbcluster.cluster.store import CoordinationStore
@@ -94,6 +94,9 @@ class SimulatedNode:
     index: int
     url: str
     settings: ClusterSettings
+    #: Connections without session settings and without server-side prepared statements (to
+    #: reach PostgreSQL through PgBouncer in transaction mode, which carries neither).
+    plain: bool = False
     #: Per call name: (wall-clock start, milliseconds, lag in milliseconds).
     calls: dict[str, list[tuple[float, float, float]]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
@@ -112,23 +115,35 @@ class SimulatedNode:
         transactional one) and register."""
         s = self.settings
         provider = provider_for_url(self.url)
-        limits = SessionLimits(s.coordination_lock_timeout_ms, s.idle_transaction_ms)
+        limits = (
+            None
+            if self.plain
+            else SessionLimits(s.coordination_lock_timeout_ms, s.idle_transaction_ms)
+        )
         options: dict[str, Any] = {"pool_size": 1, "max_overflow": 0, "ping": False}
         auto = None
         if provider.supports_autocommit:
-            auto = make_engine(
-                self.url, coordination=True, limits=limits, autocommit=True, **options
-            )
-            self.engines.append(auto)
+            auto = self._engine(limits=limits, autocommit=True, **options)
         coordination = auto
         if auto is None or cadence.maintenance:
-            coordination = make_engine(self.url, coordination=True, limits=limits, **options)
-            self.engines.append(coordination)
+            coordination = self._engine(limits=limits, **options)
         assert coordination is not None
         self.store = CoordinationStore(coordination, autocommit=auto)
         self.cadence = cadence
         self._register()
         self.joined = True
+
+    def _engine(self, **options: Any) -> Engine:
+        engine = make_engine(self.url, coordination=True, **options)
+        if self.plain:
+
+            @event.listens_for(engine, "connect")
+            def _unprepared(dbapi_connection: Any, record: Any) -> None:
+                if hasattr(dbapi_connection, "prepare_threshold"):  # psycopg
+                    dbapi_connection.prepare_threshold = None
+
+        self.engines.append(engine)
+        return engine
 
     def _register(self) -> None:
         assert self.store is not None
