@@ -588,8 +588,10 @@ b_pid() { cat "$(b_dir)/pgbouncer.pid" 2>/dev/null; }
 b_alive() { local pid; pid=$(b_pid) && [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null; }
 b_ready() { psql -h 127.0.0.1 -p "$HA_PGB_PORT" -U postgres -d test -XtAqc "SELECT 1"; }
 
+# dbcluster's URL through PgBouncer says that it pools by transaction (docs/databases.md); the
+# direct URL of the primary is the one for a node's listening connection (listen_url).
 b_urls() {
-    echo "export HA_PGBOUNCER_URL='postgresql+psycopg://postgres@127.0.0.1:$HA_PGB_PORT/test'"
+    echo "export HA_PGBOUNCER_URL='postgresql+psycopg://postgres@127.0.0.1:$HA_PGB_PORT/test?dbcluster_pooler=transaction'"
 }
 
 b_up() {

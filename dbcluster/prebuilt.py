@@ -18,9 +18,10 @@ caller executes it as usual.
 **Rows straight from the driver.** :meth:`Prebuilt.one` and :meth:`Prebuilt.all` read a
 statement's rows on the driver's own cursor when nothing would see the difference: the
 connection is in a transaction and valid, it does not echo, the dialect does not rename
-columns, and no listener waits on its statements (``before_cursor_execute``,
-``after_cursor_execute``, or a dialect's ``do_execute``: statement counters and fault switches
-keep the usual path). SQLAlchemy's execution context and result (a result's metadata is built
+columns, and nothing waits on its statements (a ``before_cursor_execute`` or
+``after_cursor_execute`` listener, a dialect's ``do_execute`` listener or the engine's own
+replacement of it: statement counters, fault switches and a pooler's session limits keep the
+usual path). SQLAlchemy's execution context and result (a result's metadata is built
 from the cursor's description on every execution of driver SQL) cost a partition's final write
 more than the database did. An error takes SQLAlchemy's own handling of a failed statement: the
 same wrapped exception, the connection invalidated when it was lost, ``handle_error`` listeners
@@ -322,6 +323,9 @@ def _direct(conn: Connection) -> bool:
         and not conn.dispatch.before_cursor_execute
         and not conn.dispatch.after_cursor_execute
         and all(_sees_driver_path(f) for f in conn.dialect.dispatch.do_execute)
+        # A dialect whose own do_execute is replaced on this engine (a pooler's session limits
+        # sent with each statement: dbcluster.dialects.postgresql_pooler) must see each one.
+        and "do_execute" not in vars(conn.dialect)
     )
 
 

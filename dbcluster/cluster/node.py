@@ -50,7 +50,8 @@ from dbcluster.cluster.stopping import StopRequests
 from dbcluster.cluster.store import CoordinationStore
 from dbcluster.cluster.worker import Worker
 from dbcluster.dialects import get_provider, make_engine
-from dbcluster.dialects.base import SessionLimits
+from dbcluster.dialects.base import QueryProvider, SessionLimits
+from dbcluster.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from dbcluster.batch.registry import JobRegistry
@@ -66,10 +67,14 @@ class NodeEngines:
     coordination: Engine
     work: Engine
     autocommit: Engine | None
+    #: Where the node's listening connection (wake-ups) comes from: the autocommit engine, an
+    #: engine of ``listen_url`` of its own, or None (it polls).
+    listen: Engine | None = None
 
     def own(self, shared: Engine) -> set[Engine]:
         """The engines the node made itself (disposed of when it stops)."""
-        return {self.coordination, self.work, self.autocommit} - {shared, None}  # type: ignore[return-value]
+        made = {self.coordination, self.work, self.autocommit, self.listen}
+        return made - {shared, None}  # type: ignore[return-value]
 
     def coordinating(self) -> list[Engine]:
         """The engines coordination statements run on (reads and single statements on the
@@ -83,7 +88,7 @@ def _own_engines(engine: Engine, settings: ClusterSettings, capacity: int) -> No
     shared."""
     provider = get_provider(engine)
     if provider.private_to_engine(engine):
-        return NodeEngines(engine, engine, None)
+        return NodeEngines(engine, engine, None, None)
     idle = settings.idle_transaction_ms
     coordination_limits = SessionLimits(settings.coordination_lock_timeout_ms, idle)
     # No pings on coordination connections: a statement on a dead connection fails as a
@@ -116,7 +121,32 @@ def _own_engines(engine: Engine, settings: ClusterSettings, capacity: int) -> No
         pool_size=capacity + 2,
         max_overflow=capacity + 2,
     )
-    return NodeEngines(coordination, work, autocommit)
+    return NodeEngines(
+        coordination, work, autocommit, _listen_engine(provider, settings, autocommit)
+    )
+
+
+def _listen_engine(
+    provider: QueryProvider, settings: ClusterSettings, autocommit: Engine | None
+) -> Engine | None:
+    """The engine of the node's listening connection: one of ``listen_url`` (a direct
+    connection where the node's own URL goes through a pooler in transaction mode), else the
+    autocommit engine where its connections keep their sessions (a ``LISTEN`` lasts); None
+    where neither: the node polls at ``task_polling_interval``."""
+    if not provider.supports_listen_notify:
+        return None
+    if settings.listen_url is not None:
+        listen = make_engine(
+            settings.listen_url, coordination=True, autocommit=True, pool_size=1, max_overflow=1
+        )
+        if not get_provider(listen).keeps_session:
+            listen.dispose()
+            raise ConfigurationError(
+                "listen_url goes through a pooler in transaction mode, where LISTEN does not "
+                "last: give it a URL that reaches the database directly"
+            )
+        return listen
+    return autocommit if provider.keeps_session else None
 
 
 class Node:
@@ -263,8 +293,8 @@ class Node:
             self.services.add(self.worker)
             # Where they coincide, a heartbeat and an idle poll share one round trip.
             heartbeat.poll, self.worker.heartbeat = self.worker, heartbeat
-            listen = self.engines.autocommit
-            if listen is not None and get_provider(listen).supports_listen_notify:
+            listen = self.engines.listen
+            if listen is not None:
                 notifier = Notifier(context, listen, self.worker)
                 self.worker.listening = lambda: notifier.healthy
                 self.services.add(notifier)

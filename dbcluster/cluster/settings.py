@@ -22,13 +22,13 @@ from dbcluster.errors import ConfigurationError
 
 FAILOVER_MODES = ("takeover", "abandon")
 #: Settings that are text, not milliseconds.
-_TEXT = ("node_id_prefix", "master_failover")
+_TEXT = ("node_id_prefix", "master_failover", "listen_url")
 #: Settings that are counts, not milliseconds.
 _COUNTS = ("concurrency_limit", "prefetch_multiplier", "commit_group_size")
 #: Settings whose None means "derived from the others".
 _DERIVED = ("idle_transaction_timeout",)
 #: Settings whose None means "off".
-_OPTIONAL = ("prune_after",)
+_OPTIONAL = ("prune_after", "listen_url")
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$", re.IGNORECASE)
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
@@ -126,6 +126,11 @@ class ClusterSettings:
     prune_after: int | None = None
     #: How often the pruning node looks for executions to prune.
     prune_interval: int = 60000
+    #: A URL to the same database that reaches the server directly (not through a pooler in
+    #: transaction mode), for the node's one listening connection (wake-ups): see
+    #: docs/databases.md, "PgBouncer". None: the node listens on a connection of its own URL
+    #: where that keeps its session, and polls otherwise. Never printed (it may hold a password).
+    listen_url: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -138,6 +143,10 @@ class ClusterSettings:
                     raise ConfigurationError(
                         "node_id_prefix must be 1 to 60 characters (the node id adds a uuid)"
                     )
+                continue
+            if f.name == "listen_url":
+                if value is not None and (not isinstance(value, str) or not value.strip()):
+                    raise ConfigurationError("listen_url must be a database URL, or unset")
                 continue
             if f.name == "master_failover":
                 if value not in FAILOVER_MODES:

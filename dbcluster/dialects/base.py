@@ -34,7 +34,7 @@ from datetime import datetime
 from typing import Any, ClassVar
 
 from sqlalchemy import DateTime, Delete, Engine, Select, String, Update, literal_column, select
-from sqlalchemy.engine import Dialect
+from sqlalchemy.engine import URL, Dialect
 from sqlalchemy.engine.default import DefaultDialect
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.elements import ColumnElement
@@ -59,6 +59,7 @@ from dbcluster.dialects.provisioning import ScratchDatabases
 from dbcluster.dialects.pruning import PruningStatements
 from dbcluster.dialects.wakeups import Listener as Listener
 from dbcluster.dialects.wakeups import WakeUpStatements
+from dbcluster.errors import ConfigurationError
 
 # Statuses are plain strings in the database, spelled in dbcluster.states only (named here too,
 # for the providers and their callers that import them from this module).
@@ -89,6 +90,12 @@ from dbcluster.states import (  # noqa: F401 - re-exported
     STEP_EXECUTING,
     STEP_STARTED,
 )
+
+#: The URL query option naming the connection pooler between dbcluster and the database
+#: (``?dbcluster_pooler=transaction``: PgBouncer, or any pooler, in transaction pooling mode).
+#: It is dbcluster's own: read by the provider (:meth:`QueryProvider.read_url_options`), never
+#: passed to the driver.
+POOLER_OPTION = "dbcluster_pooler"
 
 
 @dataclass(frozen=True)
@@ -218,8 +225,29 @@ class QueryProvider(
     #: exit (Oracle's SQLcl and SQL Developer), so the version row would be lost.
     scripts_commit: ClassVar[bool] = False
 
+    #: Each connection is one server session for its whole life, so what a session keeps
+    #: (settings, prepared statements, ``LISTEN``, advisory locks, the server process that
+    #: serves it) lasts from one transaction to the next. False behind a pooler in transaction
+    #: mode (``?dbcluster_pooler=transaction``: :meth:`read_url_options`), where each
+    #: transaction may run on another server session: session limits then go with each
+    #: transaction, a node listens for wake-ups over a direct connection of its own
+    #: (``listen_url``) or polls, and nothing judges a session by its server process
+    #: (no settling by pid, so no final write pipelined with its ``COMMIT``).
+    keeps_session: bool = True
+
     def __init__(self, dialect: Dialect) -> None:
         self.dialect = dialect
+
+    def read_url_options(self, url: URL) -> None:
+        """Take dbcluster's own options from the URL's query (:data:`POOLER_OPTION`); the
+        driver never sees them. The base runs behind no transaction pooler: it refuses the
+        option (a provider that can, overrides this)."""
+        value = url.query.get(POOLER_OPTION)
+        if value is not None and value not in ("none", "session"):
+            raise ConfigurationError(
+                f"{POOLER_OPTION}={value} is not supported on {self.name}: connect to the "
+                f"database directly (remove {POOLER_OPTION} from the URL)"
+            )
 
     @classmethod
     def offline_dialect(
@@ -425,6 +453,12 @@ class QueryProvider(
         """Per-engine set-up (connection pragmas, transaction begin statements). ``autocommit``:
         the engine was made with :meth:`autocommit_engine_options` and must not begin
         transactions of its own."""
+
+    def connect(self, dialect: Dialect, cargs: Any, cparams: dict[str, Any]) -> Any:
+        """A new driver connection for an engine of this provider (``create_engine``'s
+        arguments for the driver; :data:`POOLER_OPTION` already taken out). Default: the
+        dialect's own connect."""
+        return dialect.connect(*cargs, **cparams)
 
     # --- errors ---------------------------------------------------------------------------------
 

@@ -36,12 +36,14 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, aggregate_order_by
 from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import URL, Connection, Dialect
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.types import NullType, TypeDecorator, TypeEngine
 
-from dbcluster.dialects.base import Listener, SessionLimits
+from dbcluster.dialects import postgresql_pooler
+from dbcluster.dialects.base import POOLER_OPTION, Listener, SessionLimits
 from dbcluster.dialects.postgresql_ctes import WritableCTEProvider
+from dbcluster.errors import ConfigurationError
 from dbcluster.schema import PARAMETER_COLUMNS, ShortText, nodes
 
 #: What a channel name made by :meth:`QueryProvider.wake_channel` looks like (it goes into
@@ -63,7 +65,12 @@ _TRANSIENT_SQLSTATES = {
     "57P05",
 }
 #: Connect failures that repeating will not cure.
-_PERMANENT_CONNECT_ERRORS = ("authentication failed", "does not exist", "no pg_hba.conf entry")
+_PERMANENT_CONNECT_ERRORS = (
+    "authentication failed",
+    "does not exist",
+    "no pg_hba.conf entry",
+    "unsupported startup parameter",
+)
 
 
 def _array_element(column_type: TypeEngine[Any]) -> TypeEngine[Any]:
@@ -163,12 +170,51 @@ class PostgreSQLProvider(WritableCTEProvider):
             [*columns, *extra], select(*(rows.c[name] for name in columns), *extra.values())
         )
 
+    def read_url_options(self, url: URL) -> None:
+        """``dbcluster_pooler=transaction``: a pooler in transaction mode (PgBouncer's
+        ``pool_mode = transaction``) sits between dbcluster and the server (see
+        :mod:`~dbcluster.dialects.postgresql_pooler`); ``none`` or ``session`` (each connection
+        keeps its server session): none does."""
+        value = url.query.get(POOLER_OPTION)
+        if value is None or value in ("none", "session"):
+            return
+        if value != "transaction":
+            raise ConfigurationError(
+                f"{POOLER_OPTION}={value!r} is not a pooling mode dbcluster knows: use "
+                f"{POOLER_OPTION}=transaction (PgBouncer's pool_mode = transaction) or none"
+            )
+        if url.get_driver_name() != "psycopg":
+            raise ConfigurationError(
+                f"{POOLER_OPTION}=transaction needs the psycopg driver: use a "
+                "postgresql+psycopg:// URL"
+            )
+        if not postgresql_pooler.pipelines():
+            raise ConfigurationError(
+                f"{POOLER_OPTION}=transaction needs psycopg's pipeline mode (libpq 14 or later): "
+                "install psycopg[binary], which ships one"
+            )
+        self.keeps_session = False
+
+    def engine_options(self) -> dict[str, Any]:
+        if self.keeps_session:
+            return {}
+        # A statement prepared on one server session is unknown to the next (PgBouncer 1.18
+        # cannot carry prepared statements in transaction mode).
+        return {"connect_args": {"prepare_threshold": None}}
+
+    def connect(self, dialect: Dialect, cargs: Any, cparams: dict[str, Any]) -> Any:
+        if self.keeps_session:
+            return super().connect(dialect, cargs, cparams)
+        return postgresql_pooler.connect(cparams, cargs, self.limits)
+
     def configure_engine(
         self, engine: Engine, *, coordination: bool = False, autocommit: bool = False
     ) -> None:
         super().configure_engine(engine, coordination=coordination, autocommit=autocommit)
         if engine.dialect.driver == "psycopg":
             _send_binary_lists()
+        if autocommit and not self.keeps_session and self.limits is not None:
+            postgresql_pooler.limit_each_statement(engine, self.limits)
 
     def refusal(self, guarded: Any, written: Any) -> ColumnElement[Any] | None:
         """``CASE WHEN guarded = 1 AND written = 1 THEN NULL ELSE CAST('dbcluster refused ' ||
@@ -196,7 +242,11 @@ class PostgreSQLProvider(WritableCTEProvider):
 
     def session_of(self, dbapi_connection: Any) -> tuple[int, int] | None:
         """The server process (pid) and the client port of a psycopg connection, read from
-        the driver without a round trip; None where it cannot be told."""
+        the driver without a round trip; None where it cannot be told (behind a pooler in
+        transaction mode: the pid the client sees is the pooler's, and the server session
+        passes from client to client)."""
+        if not self.keeps_session:
+            return None
         info = getattr(dbapi_connection, "info", None)
         pid = getattr(info, "backend_pid", None)
         pgconn = getattr(dbapi_connection, "pgconn", None)
@@ -236,7 +286,11 @@ class PostgreSQLProvider(WritableCTEProvider):
         return f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"
 
     def session_engine_options(self, limits: SessionLimits) -> dict[str, Any]:
-        """Both bounds as server settings of the session, sent with the connection request."""
+        """Both bounds as server settings of the session, sent with the connection request;
+        behind a pooler in transaction mode, with each transaction instead (see
+        :mod:`~dbcluster.dialects.postgresql_pooler`)."""
+        if not self.keeps_session:
+            return {}
         options = f"-c lock_timeout={int(limits.lock_timeout_ms)}"
         if limits.idle_in_transaction_ms is not None:
             idle = int(limits.idle_in_transaction_ms)
@@ -247,6 +301,15 @@ class PostgreSQLProvider(WritableCTEProvider):
         values = self._node_values(host, capacity)
         stmt = pg_insert(nodes).values(node_id=node_id, created_time=self.now(), **values)
         conn.execute(stmt.on_conflict_do_update(index_elements=[nodes.c.node_id], set_=values))
+
+    def connect_error_hint(self, error: BaseException) -> str | None:
+        if "unsupported startup parameter" in str(error) and self.keeps_session:
+            return (
+                f"the server refused a startup parameter ({str(error).strip().splitlines()[-1]}), "
+                f"as PgBouncer does: behind a pooler in transaction mode add "
+                f"?{POOLER_OPTION}=transaction to the URL (docs/databases.md, PgBouncer)"
+            )
+        return None
 
     def _is_read_only_driver_error(self, orig: BaseException | None) -> bool:
         return _sqlstate(orig) == "25006"  # read_only_sql_transaction

@@ -26,7 +26,7 @@ from sqlalchemy.engine import URL, Dialect, make_url
 from sqlalchemy.exc import ArgumentError, DisconnectionError, NoSuchModuleError
 
 from dbcluster import schema
-from dbcluster.dialects.base import QueryProvider, SessionLimits
+from dbcluster.dialects.base import POOLER_OPTION, QueryProvider, SessionLimits
 from dbcluster.errors import MissingDriverError, UnsupportedBackendError
 from dbcluster.masking import safe_url
 
@@ -270,6 +270,7 @@ def make_engine(
     provider_cls = _provider_class_for_url(parsed)
     check_driver(parsed, provider_cls)
     provider = provider_cls(_dialect_class(parsed, provider_cls)())
+    provider.read_url_options(parsed)
     # A connection goes back to the pool rolled back only if it has a transaction open (see
     # _reset_when_needed): SQLAlchemy's own reset rolls back after every COMMIT, a round trip
     # with drivers that do not check first.
@@ -316,8 +317,9 @@ def make_engine(
         # Connects as SQLAlchemy would, so that a failure the user must mend outside dbcluster
         # (some, like PyMySQL's missing-package RuntimeError, are not driver errors at all)
         # becomes one clear line.
+        cparams.pop(POOLER_OPTION, None)  # dbcluster's own (read_url_options), not the driver's
         try:
-            return dialect.connect(*cargs, **cparams)
+            return provider.connect(dialect, cargs, cparams)
         except Exception as exc:
             hint = provider.connect_error_hint(exc)
             if hint:
@@ -365,6 +367,8 @@ def get_provider(engine: Engine) -> QueryProvider:
     """The provider for an engine (the one it was made with, or one chosen from its dialect)."""
     provider = _engine_providers.get(engine)
     if provider is None:
-        provider = _bind(_provider_class_for_url(engine.url)(engine.dialect))
+        provider = _provider_class_for_url(engine.url)(engine.dialect)
+        provider.read_url_options(engine.url)
+        provider = _bind(provider)
         _engine_providers[engine] = provider
     return provider

@@ -183,7 +183,11 @@ def test_a_member_moved_before_the_final_write_rolls_the_whole_group_back(
     )
     assert len(_written(backend, run["result"].id)) == COUNT - 1
     lost = recorder.named("lost")
-    assert [e["step_execution_id"] for e in lost] == [moved], recorder.names()
+    assert [e["step_execution_id"] for e in lost if "moved" in e["reason"]] == [moved], lost
+    # Any other member lost is one whose own node fenced itself meanwhile (a loaded machine's
+    # heartbeat stalled past the bound), never one the group's rollback cost.
+    others = [e for e in lost if e["step_execution_id"] != moved]
+    assert all("fenced" in e["reason"] for e in others), others
 
 
 class _InGroup:

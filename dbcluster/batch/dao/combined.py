@@ -121,7 +121,12 @@ class CombinedStatements:
         self.refuses = (
             folds and provider.refusal(literal_column("0"), literal_column("0")) is not None
         )
-        self.commits_with_final_write = self.refuses and driver_pipelines(dialect)
+        #: Only where an unclear commit can be settled by ending the session that sent it:
+        #: not behind a pooler in transaction mode (``keeps_session`` False), where the server
+        #: session passes from client to client (``Transactions``' settling).
+        self.commits_with_final_write = (
+            self.refuses and driver_pipelines(dialect) and provider.keeps_session
+        )
         #: The statements above, prebuilt (see :mod:`dbcluster.prebuilt`).
         self.prebuilt = PrebuiltStatements(dialect)
         #: Whether a creating statement can carry :class:`InsertExtras`; and each one that does,

@@ -43,6 +43,7 @@ NOT_SQL: dict[str, str] = {
     "read_then_write": "joins two statements of CALLS (select_claimable, heartbeat) into one "
     "request",
     "configure_session": "runs session_statements (rendered) or sets a driver attribute",
+    "connect": "a driver connection (the dialect's own connect by default)",
     "connect_error_hint": "an error message",
     "create_scratch_database": "runs create_database_sql",
     "create_schema": "runs the CREATE statements of ddl_statements",
@@ -61,6 +62,7 @@ NOT_SQL: dict[str, str] = {
     "private_to_engine": "a flag",
     "quote": "an identifier",
     "refusal": "an expression (rendered inside fold_guard)",
+    "read_url_options": "reads dbcluster's own URL options (dbcluster_pooler)",
     "refusal_of": "reads an error",
     "session_of": "reads a driver attribute",
     "script_line": "ends a statement as a script for the database's tools does",
