@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A MariaDB (or MySQL) server of its own for `dbcluster bench ceiling`: port 3307,
-# max_connections 1200, root without a password on 127.0.0.1, data under /var/tmp. Its
+# max_connections 2500 (CEILING_MAX_CONNECTIONS), root without a password on 127.0.0.1, data under /var/tmp. Its
 # SHOW GLOBAL STATUS counters are then the scenario's alone (a shared server's include every
 # other client's statements). It leaves the server on 3306 alone. Run as root; idempotent.
 #
@@ -32,7 +32,7 @@ socket = $SOCKET
 pid-file = $DIR/mysqld.pid
 port = $PORT
 bind-address = 127.0.0.1
-max_connections = 1200
+max_connections = ${CEILING_MAX_CONNECTIONS:-2500}
 skip-name-resolve
 log-error = $DIR/error.log
 CNF

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A PostgreSQL cluster of its own for `dbcluster bench ceiling` (Debian/Ubuntu's postgresql-common):
-# port 5434, max_connections 1200, pg_stat_statements preloaded (the scenario's statement counts),
+# port 5434, max_connections 2500 (CEILING_MAX_CONNECTIONS), pg_stat_statements preloaded (the scenario's statement counts),
 # trust for 127.0.0.1. It leaves the cluster on 5432 alone. Run as root; idempotent.
 #
 #   bash benchmarks/ceiling-postgres.sh          # create (if needed) and start
@@ -23,7 +23,7 @@ if ! pg_lsclusters -h | awk '{print $1" "$2}' | grep -qx "$VERSION $NAME"; then
 fi
 CONF=/etc/postgresql/$VERSION/$NAME
 cat >"$CONF/conf.d/ceiling.conf" <<CONF
-max_connections = 1200
+max_connections = ${CEILING_MAX_CONNECTIONS:-2500}
 shared_preload_libraries = 'pg_stat_statements'
 pg_stat_statements.track_utility = on
 listen_addresses = '127.0.0.1'

@@ -1,33 +1,29 @@
 """``ceiling``: how many nodes one database coordinates at the configured intervals.
 
-Simulated nodes are threads of load-generator processes (``ceiling_processes``, one per core by
-default: one Python process cannot drive a thousand nodes' calls), each node with a connection of
-its own (an engine with a pool of one, configured like a node's coordination engine), issuing the
-real coordination statements through :class:`~dbcluster.cluster.store.CoordinationStore`:
-``register`` once, then ``heartbeat`` every ``heartbeat_interval``, ``poll`` every
-``task_polling_interval``, ``sweep`` every ``sweep_interval`` and ``stranded_jobs`` every
-``stranded_master_scan_interval``, each from a random phase and, like a node's services, an
-interval after the previous call ended. A node's calls share its one connection, so a slow poll
-delays that node's next heartbeat (a real node has a small pool; this is the stricter case).
+Simulated nodes (:mod:`dbcluster.bench.simulated`) are state machines, many per load-generator
+process (``ceiling_processes``, one per core by default), run by a fixed pool of threads
+(``ceiling_threads`` per process), not a thread each; each node has a connection of its own and
+issues the real coordination statements through
+:class:`~dbcluster.cluster.store.CoordinationStore` at a node's cadence: ``register`` once, then
+the heartbeat and the idle poll (in one round trip where the database can: a node's heartbeat
+carries its poll, and its poll the heartbeat, where they coincide), and the maintenance (sweeps,
+stranded-master scans) on every node or on one, the lease holder (``ceiling_maintenance``).
 
 Statements per second at the database come from the server's own counters (see
 :mod:`dbcluster.bench.server`), beside the same counters over a background window with no
-simulated node connected. The load generator's CPU is reported, since a saturated generator shows
-up as missed intervals that are not the database's (``load_generator_saturated``).
+simulated node connected; sessions waiting for a lock are sampled through the window. The load
+generator's CPU, its threads' busy share and how late it starts calls against their due time are
+reported, since a saturated generator shows up as missed intervals that are not the database's
+(``load_generator_saturated``); ``limit`` says which of the generator, lock waits or the
+server's CPU was reached.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
-import random
-import socket
 import tempfile
-import threading
 import time
-import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from queue import Empty
 from typing import Any
@@ -37,10 +33,16 @@ from sqlalchemy import Engine, delete
 from dbcluster.bench.common import Params, pct
 from dbcluster.bench.harness import scratch_database
 from dbcluster.bench.server import ServerProbe, SqliteProbe, probe_for, rates
+from dbcluster.bench.simulated import (
+    Cadence,
+    Scheduler,
+    SimulatedNode,
+    join_all,
+    runqueue_wait_s,
+    summary,
+)
 from dbcluster.cluster.settings import ClusterSettings
-from dbcluster.cluster.store import CoordinationStore
 from dbcluster.dialects import make_engine
-from dbcluster.dialects.base import SessionLimits
 from dbcluster.schema import nodes
 
 #: Connections the scenario needs beside its nodes (the probe's, and one spare).
@@ -51,171 +53,95 @@ _CONNECTING_AT_ONCE = 16
 _LATE = 0.5
 
 
-@dataclass
-class Call:
-    #: Wall-clock start (``time.time()``: comparable across the load generator's processes).
-    started: float
-    ms: float
-
-
-@dataclass
-class SimulatedNode:
-    """One simulated node: a thread, an engine with one connection, a store."""
-
-    index: int
-    url: str
-    settings: ClusterSettings
-    stop: threading.Event
-    gate: threading.Semaphore
-    #: Set once every node registered: the nodes' services start together, so that starting a
-    #: thousand connections does not compete with the load of those already started.
-    go: threading.Event
-    calls: dict[str, list[Call]] = field(default_factory=dict)
-    errors: list[str] = field(default_factory=list)
-    #: Times a heartbeat found the node's row gone (it was declared dead while alive); the node
-    #: then joins again under a new id, as a real one does.
-    fenced: int = 0
-    registered: threading.Event = field(default_factory=threading.Event)
-    joined: bool = False
-    thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        self.thread = threading.Thread(
-            target=self._run, name=f"ceiling-node-{self.index}", daemon=True
-        )
-        self.thread.start()
-
-    def _run(self) -> None:
-        s = self.settings
-        engine = make_engine(
-            self.url,
-            coordination=True,
-            limits=SessionLimits(s.coordination_lock_timeout_ms, s.idle_transaction_ms),
-            pool_size=1,
-            max_overflow=0,
-            pool_pre_ping=False,
-        )
-        store = CoordinationStore(engine)
-        host = socket.gethostname()
-        node_id = f"ceiling{self.index}-{uuid.uuid4().hex}"
-        try:
-            with self.gate:
-                store.register(node_id, host, s.concurrency_limit)
-            self.joined = True
-        except Exception as exc:  # noqa: BLE001 - a node that cannot register is reported
-            self.errors.append(f"register: {type(exc).__name__}: {exc}".splitlines()[0])
-            engine.dispose()
-            return
-        finally:
-            self.registered.set()
-        try:
-            while not self.go.wait(0.5):
-                if self.stop.is_set():
-                    return
-
-            def heartbeat() -> None:
-                nonlocal node_id
-                if not store.heartbeat(node_id, 0):
-                    self.fenced += 1
-                    node_id = f"ceiling{self.index}-{uuid.uuid4().hex}"
-                    store.register(node_id, host, s.concurrency_limit)
-
-            services: list[tuple[str, int, Callable[[], Any]]] = [
-                ("heartbeat", s.heartbeat_interval, heartbeat),
-                ("poll", s.task_polling_interval, lambda: store.poll(node_id, s.concurrency_limit)),
-                (
-                    "sweep",
-                    s.sweep_interval,
-                    lambda: store.sweep(s.unreachable_threshold, s.cleanup_threshold),
-                ),
-                ("stranded_scan", s.stranded_master_scan_interval, store.stranded_jobs),
-            ]
-            now = time.monotonic()
-            due = {name: now + random.uniform(0, ms / 1000) for name, ms, _ in services}
-            for name, _, _ in services:
-                self.calls[name] = []
-            while not self.stop.is_set():
-                name, interval_ms, call = min(services, key=lambda item: due[item[0]])
-                delay = due[name] - time.monotonic()
-                if delay > 0 and self.stop.wait(delay):
-                    break
-                started, wall = time.monotonic(), time.time()
-                try:
-                    call()
-                except Exception as exc:  # noqa: BLE001 - counted and reported, the node goes on
-                    self.errors.append(f"{name}: {type(exc).__name__}: {exc}".splitlines()[0])
-                ended = time.monotonic()
-                self.calls[name].append(Call(wall, (ended - started) * 1000))
-                due[name] = ended + interval_ms / 1000
-        finally:
-            engine.dispose()
-
-
 def _group(
     url: str,
     settings: ClusterSettings,
     indices: range,
+    maintenance: str,
+    threads: int,
+    listening: bool,
+    plain: bool,
     trace_path: str | None,
     ready: Any,
     go: Any,
     stop: Any,
     results: Any,
 ) -> None:
-    """One process of the load generator: the nodes ``indices``, as threads. Says ``ready``
-    with how many joined, starts them on ``go``, stops them on ``stop`` and hands back every
-    call, error and the CPU the process used meanwhile. With ``trace_path`` (SQLite), counts the
-    statements the library runs into that file."""
+    """One process of the load generator: the nodes ``indices`` on ``threads`` threads. Says
+    ``ready`` with how many joined, starts them on ``go``, stops them on ``stop`` and hands back
+    every call, error and the CPU the process used meanwhile. With ``trace_path`` (SQLite),
+    counts the statements the library runs into that file."""
     if trace_path is not None:
         from dbcluster.bench import counting
 
         counting.install_trace()
         counting.start_dumping(trace_path)
     try:
-        results.put(_run_group(url, settings, indices, ready, go, stop))
+        results.put(
+            _run_group(
+                url, settings, indices, maintenance, threads, listening, plain, ready, go, stop
+            )
+        )
     except BaseException as exc:  # noqa: BLE001 - handed to the parent, which reports it
         results.put({"error": f"{type(exc).__name__}: {exc}"})
 
 
 def _run_group(
-    url: str, settings: ClusterSettings, indices: range, ready: Any, go: Any, stop: Any
+    url: str,
+    settings: ClusterSettings,
+    indices: range,
+    maintenance: str,
+    threads: int,
+    listening: bool,
+    plain: bool,
+    ready: Any,
+    go: Any,
+    stop: Any,
 ) -> dict[str, Any]:
-    stop_nodes, go_nodes = threading.Event(), threading.Event()
-    gate = threading.Semaphore(_CONNECTING_AT_ONCE)
-    simulated = [SimulatedNode(i, url, settings, stop_nodes, gate, go_nodes) for i in indices]
-    for node in simulated:
-        node.start()
-    while not all(node.registered.is_set() for node in simulated):
-        if stop.wait(0.05):
-            break
-    ready.put(sum(node.joined for node in simulated))
+    engine = make_engine(url)
+    try:
+        maintaining = Cadence.of(settings, engine, maintains=True, listening=listening)
+        idle = Cadence.of(settings, engine, maintains=False, listening=listening)
+    finally:
+        engine.dispose()
+    # The lease holder is node 0 (of the first process) where one node maintains for all.
+    nodes = [
+        (
+            SimulatedNode(i, url, settings, plain),
+            maintaining if maintenance == "every" or i == 0 else idle,
+        )
+        for i in indices
+    ]
+    joined = join_all(nodes, _CONNECTING_AT_ONCE, stop.is_set)
+    ready.put(len(joined))
     while not go.wait(0.5):
         if stop.is_set():
             break
-    go_nodes.set()
-    cpu, wall = time.process_time(), time.monotonic()
+    scheduler = Scheduler(joined, threads)
+    cpu, wall, waited = time.process_time(), time.monotonic(), runqueue_wait_s()
+    scheduler.start()
     stop.wait()
     cpu, wall = time.process_time() - cpu, time.monotonic() - wall
-    stop_nodes.set()
+    after = runqueue_wait_s()
+    waited = None if waited is None or after is None else after - waited
     # Calls still running (a lock wait, a retry) are left behind: what they did before the
     # window ended is recorded already.
-    deadline = time.monotonic() + 20
-    for node in simulated:
-        if node.thread is not None:
-            node.thread.join(timeout=max(0.0, deadline - time.monotonic()))
-    calls: dict[str, list[tuple[float, float]]] = {}
-    for node in simulated:
-        for name, made in list(node.calls.items()):
-            calls.setdefault(name, []).extend((c.started, c.ms) for c in list(made))
+    scheduler.stop()
+    for node, _ in nodes:
+        node.close()
     return {
-        "calls": calls,
-        "gaps": {
-            name: [[c.started for c in list(node.calls.get(name, []))] for node in simulated]
-            for name in ("heartbeat", "poll")
-        },
-        "errors": [e for node in simulated for e in list(node.errors)],
-        "fenced": sum(node.fenced for node in simulated),
+        **summary(joined),
+        "errors": [e for node, _ in nodes for e in list(node.errors)],
         "cpu_s": cpu,
         "wall_s": wall,
+        "busy_s": scheduler.busy_s,
+        "runqueue_wait_s": waited,
+        "threads": threads,
+        "cadence": {
+            "heartbeat_ms": idle.heartbeat_ms,
+            "poll_ms": idle.poll_ms,
+            "heartbeat_and_poll_in_one_round_trip": idle.together,
+        },
     }
 
 
@@ -240,18 +166,6 @@ def _late(starts: list[float], interval_ms: int, since: float, until: float) -> 
             if (current - previous) * 1000 > interval_ms * (1 + _LATE):
                 late += 1
     return late, gaps
-
-
-def _expected_calls_per_s(settings: ClusterSettings, n: int) -> float:
-    return n * sum(
-        1000 / ms
-        for ms in (
-            settings.heartbeat_interval,
-            settings.task_polling_interval,
-            settings.sweep_interval,
-            settings.stranded_master_scan_interval,
-        )
-    )
 
 
 def _background(probe: ServerProbe, seconds: float) -> dict[str, Any]:
@@ -303,6 +217,10 @@ def _run_nodes(
                 db,
                 settings,
                 group,
+                p.ceiling_maintenance,
+                max(1, p.ceiling_threads),
+                p.ceiling_listening,
+                p.ceiling_plain,
                 trace_paths[k] if trace_paths else None,
                 ready,
                 go,
@@ -331,7 +249,7 @@ def _run_nodes(
         before = probe.read()
         since = time.time()
         read_before = time.monotonic()
-        time.sleep(p.ceiling_seconds)  # the measuring window
+        waiters = _sample_lock_waits(probe, p.ceiling_seconds)  # the measuring window
         until = time.time()
         after = probe.read()
         server_window = time.monotonic() - read_before
@@ -351,11 +269,15 @@ def _run_nodes(
     window = until - since
     server = rates(before, after, server_window)
     in_window: dict[str, list[float]] = {}
+    lags: list[float] = []
     for outcome in outcomes:
         for name, calls in outcome["calls"].items():
-            in_window.setdefault(name, []).extend(ms for at, ms in calls if since <= at <= until)
+            inside = [(ms, lag) for at, ms, lag in calls if since <= at <= until]
+            in_window.setdefault(name, []).extend(ms for ms, _ in inside)
+            lags.extend(lag for _, lag in inside)
     late: dict[str, dict[str, Any]] = {}
-    intervals = {"heartbeat": settings.heartbeat_interval, "poll": settings.task_polling_interval}
+    cadence = outcomes[0]["cadence"]
+    intervals = {"heartbeat": cadence["heartbeat_ms"], "poll": cadence["poll_ms"]}
     for name, interval_ms in intervals.items():
         count = gaps = 0
         for outcome in outcomes:
@@ -365,22 +287,47 @@ def _run_nodes(
         late[name] = {"late": count, "of": gaps, "share": round(count / gaps, 4) if gaps else None}
     errors = [e for outcome in outcomes for e in outcome["errors"]]
     calls = sum(len(v) for v in in_window.values())
-    expected = _expected_calls_per_s(settings, n)
     cpu = [o["cpu_s"] / o["wall_s"] * 100 for o in outcomes if o["wall_s"] > 0]
-    fenced = sum(o["fenced"] for o in outcomes)
-    # One process cannot use more than a core (the GIL), nor all of them more than the machine.
-    saturated = max(cpu, default=0) > 90 or sum(cpu) > 90 * (os.cpu_count() or 1)
-    keeps_up = (late["heartbeat"]["share"] or 0) < 0.01 and not fenced and not errors
+    busy = [o["busy_s"] / (o["wall_s"] * o["threads"]) for o in outcomes if o["wall_s"] > 0]
+    fenced_at = [at for o in outcomes for at in o["fenced"]]
+    fenced = sum(1 for at in fenced_at if at >= since)
+    waits = [
+        round(o["runqueue_wait_s"] / o["wall_s"], 2)
+        for o in outcomes
+        if o["wall_s"] > 0 and o["runqueue_wait_s"] is not None
+    ]
+    lag = _latencies(lags)
+    # One process cannot use more than a core (the GIL), nor all of them more than the machine;
+    # or every thread of a process was busy while calls started late.
+    saturated = (
+        max(cpu, default=0) > 90
+        or sum(cpu) > 90 * (os.cpu_count() or 1)
+        or (max(busy, default=0) > 0.9 and lag.get("p99", 0) > 100)
+    )
+    late_share = max(v["share"] or 0 for v in late.values())
+    keeps_up = late_share < 0.01 and not fenced and not errors
+    net = _net(server, background)
     return {
         "nodes": n,
         "keeps_up": keeps_up,
+        "limit": _limit(
+            keeps_up,
+            saturated,
+            max(waits, default=0) >= 0.5 and lag.get("p99", 0) > 100,
+            waiters,
+            net.get("cpu_percent"),
+        ),
         "load_generator_saturated": saturated,
         "connect_and_register_s": round(connect_s, 1),
         "window_s": round(window, 1),
+        "cadence_ms": cadence,
         "store_calls_per_s": round(calls / window, 1),
-        "expected_store_calls_per_s": round(expected, 1),
         "server": server,
-        "server_net_of_background": _net(server, background),
+        "server_net_of_background": net,
+        "server_statements_per_node_per_s": (
+            round(net["statements_per_s"] / n, 3) if net.get("statements_per_s") else None
+        ),
+        "lock_waits": waiters,
         "heartbeat_ms": _latencies(in_window.get("heartbeat", [])),
         "poll_ms": _latencies(in_window.get("poll", [])),
         "sweep_ms": _latencies(in_window.get("sweep", [])),
@@ -390,13 +337,71 @@ def _run_nodes(
             **late,
         },
         "nodes_declared_dead_while_alive": fenced,
+        "nodes_declared_dead_before_the_window": len(fenced_at) - fenced,
         "errors": len(errors),
         **({"first_error": errors[0]} if errors else {}),
         "load_generator": {
             "processes": processes,
+            "threads_per_process": outcomes[0]["threads"],
             "cpu_percent_per_process": [round(c, 1) for c in cpu],
+            "threads_busy_share_per_process": [round(b, 3) for b in busy],
+            "start_lag_ms": lag,
+            # Seconds its threads waited for a CPU per second: near or above 1, the machine
+            # (other processes, the server) held the generator back, whatever its own CPU.
+            "runqueue_wait_s_per_s_per_process": waits,
         },
+        "machine_load_average_1m": round(os.getloadavg()[0], 1),
     }
+
+
+def _sample_lock_waits(probe: ServerProbe, seconds: float) -> dict[str, Any]:
+    """Sessions waiting for a lock, sampled twice a second for ``seconds``: mean and max (None
+    where the probe cannot tell)."""
+    samples: list[int] = []
+    deadline = time.monotonic() + seconds
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        try:
+            found = probe.lock_waiters()
+        except Exception:  # noqa: BLE001 - a busy server may not answer: not a sample
+            found = None
+        if found is not None:
+            samples.append(found)
+        time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+    if not samples:
+        return {"sessions_waiting_mean": None, "sessions_waiting_max": None}
+    return {
+        "sessions_waiting_mean": round(sum(samples) / len(samples), 2),
+        "sessions_waiting_max": max(samples),
+        "samples": len(samples),
+    }
+
+
+def _limit(
+    keeps_up: bool,
+    saturated: bool,
+    starved: bool,
+    waiters: dict[str, Any],
+    server_cpu: float | None,
+) -> str:
+    """Where the limit is, from what was measured: the generator (its CPU or threads, or the
+    machine's CPUs it waited for), lock waits, the server's CPU; or not reached."""
+    reasons = []
+    if saturated:
+        reasons.append("load generator (CPU or threads)")
+    if starved:
+        reasons.append("machine CPUs (the generator waited for a CPU while calls started late)")
+    if (waiters.get("sessions_waiting_mean") or 0) >= 1:
+        reasons.append("lock waits")
+    if server_cpu is not None and server_cpu >= 80 * (os.cpu_count() or 1):
+        reasons.append("server CPU")
+    if keeps_up:
+        return f"not reached (nearest: {', '.join(reasons)})" if reasons else "not reached"
+    if not reasons:
+        return "unclear (none of generator, locks, server CPU)"
+    return ", ".join(reasons)
 
 
 def _file_limit(n: int) -> str | None:
@@ -433,10 +438,16 @@ def ceiling(url: str | None, p: Params) -> dict[str, Any]:
             "task_polling_interval": settings.task_polling_interval,
             "sweep_interval": settings.sweep_interval,
             "stranded_master_scan_interval": settings.stranded_master_scan_interval,
+            "wakeup_poll_interval": settings.wakeup_poll_interval,
         },
+        "maintenance": p.ceiling_maintenance,
+        "listening": p.ceiling_listening,
+        "plain_connections": p.ceiling_plain,
         "note": (
-            f"nodes are threads of {p.ceiling_processes} load-generator process(es) on this "
-            "machine, each node with its own connection; the database's counters are read "
+            f"nodes are state machines run by {p.ceiling_threads} threads in each of "
+            f"{p.ceiling_processes} load-generator process(es) on this machine, each node with "
+            "its own connection (two where it sweeps); where the database has wake-ups their "
+            "listeners are taken to be up (not opened); the database's counters are read "
             "before and after each window"
         ),
     }
@@ -456,10 +467,11 @@ def ceiling(url: str | None, p: Params) -> dict[str, Any]:
             background = _background(probe, min(5.0, max(1.0, seconds / 3)))
             out["background"] = background
             reserved = probe.reserved_connections()
+            per_node = 2 if p.ceiling_maintenance == "every" else 1
             for n in p.ceiling_nodes:
                 if limit is not None:
                     in_use = probe.connections_in_use()
-                    if n + in_use + reserved + _OWN_CONNECTIONS > limit:
+                    if n * per_node + 1 + in_use + reserved + _OWN_CONNECTIONS > limit:
                         out[f"nodes_{n}"] = {
                             "skipped": f"server max_connections={limit}; raise it to run {n} "
                             f"nodes (in use: {in_use}, reserved: {reserved})"

@@ -87,6 +87,35 @@ def _counts(option: str, value: str, example: str) -> tuple[int, ...]:
     help="ceiling: load-generator processes (default: one per core).",
 )
 @click.option(
+    "--ceiling-threads",
+    default=64,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="ceiling: threads per load-generator process that run its simulated nodes' calls.",
+)
+@click.option(
+    "--ceiling-maintenance",
+    type=click.Choice(["every", "one"]),
+    default="every",
+    show_default=True,
+    help="ceiling: every node sweeps and scans for stranded masters, or one (the lease holder).",
+)
+@click.option(
+    "--ceiling-listening/--no-ceiling-listening",
+    default=True,
+    show_default=True,
+    help="ceiling: the simulated nodes' wake-ups arrive (PostgreSQL), or they poll as nodes "
+    "without a listener do.",
+)
+@click.option(
+    "--ceiling-plain-connections",
+    "ceiling_plain",
+    is_flag=True,
+    help="ceiling: simulated nodes connect without session settings (lock and idle bounds) "
+    "or server-side prepared statements, to reach PostgreSQL through PgBouncer in transaction "
+    "mode.",
+)
+@click.option(
     "--counting/--no-counting",
     default=True,
     show_default=True,
@@ -112,6 +141,10 @@ def bench(
     ceiling_nodes: str,
     ceiling_seconds: float,
     ceiling_processes: int | None,
+    ceiling_threads: int,
+    ceiling_maintenance: str,
+    ceiling_listening: bool,
+    ceiling_plain: bool,
     counting: bool,
 ) -> None:
     """Measure coordination cost, latency, failover time and the ceiling on your database.
@@ -149,6 +182,10 @@ def bench(
         baseline_threads=baseline_threads,
         ceiling_nodes=simulated,
         ceiling_seconds=ceiling_seconds,
+        ceiling_threads=ceiling_threads,
+        ceiling_maintenance=ceiling_maintenance,
+        ceiling_listening=ceiling_listening,
+        ceiling_plain=ceiling_plain,
         counting=counting,
     )
     if ceiling_processes is not None:

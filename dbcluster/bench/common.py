@@ -43,8 +43,19 @@ class Params:
     baseline_threads: int = 8
     ceiling_nodes: tuple[int, ...] = (50, 200, 500, 1000)
     ceiling_seconds: float = 30.0
-    #: Load-generator processes of ``ceiling`` (each runs its share of the nodes as threads).
+    #: Load-generator processes of ``ceiling`` (each runs its share of the nodes).
     ceiling_processes: int = field(default_factory=lambda: os.cpu_count() or 1)
+    #: Threads of each load-generator process that run its nodes' calls.
+    ceiling_threads: int = 64
+    #: ``every`` node sweeps and scans for stranded masters, or ``one`` (the lease holder).
+    ceiling_maintenance: str = "every"
+    #: Whether simulated nodes' wake-ups arrive (where the database has them): they then poll
+    #: every ``wakeup_poll_interval`` (their heartbeats carrying a poll each); else every
+    #: ``task_polling_interval`` (a node behind a pooler without ``listen_url``).
+    ceiling_listening: bool = True
+    #: Simulated nodes connect without session settings or server-side prepared statements
+    #: (through PgBouncer 1.18 in transaction mode).
+    ceiling_plain: bool = False
     #: Whether the scenarios that run partitions repeat their run through the round-trip
     #: counters (the wire proxy, or SQLite's trace).
     counting: bool = True

@@ -60,6 +60,7 @@ from dbcluster.bench.common import (
 )
 from dbcluster.bench.drain import drain
 from dbcluster.bench.harness import Tap, counting_tap, scratch_database, worker_pool
+from dbcluster.bench.simulated import Cadence, Scheduler, SimulatedNode
 from dbcluster.bench.wire import summarize
 from dbcluster.cluster import Cluster, ClusterSettings
 from dbcluster.dialects import make_engine
@@ -577,8 +578,39 @@ def idle(url: str | None, p: Params) -> dict[str, Any]:
                     counts.get("total", 0) / per_node_s, 2
                 )
                 out[f"nodes_{n}"] = figures
+            if tap is not None:
+                out["baseline"] = _idle_baseline(tap, settings, p.idle_seconds)
         engine.dispose()
     return out
+
+
+def _idle_baseline(tap: Tap, settings: ClusterSettings, seconds: float) -> dict[str, Any]:
+    """The floor of an idle node that shares nothing and has no wake-ups, through the same
+    counter: a heartbeat every ``heartbeat_interval`` and a poll every
+    ``task_polling_interval``, each one statement on an autocommit connection (no maintenance:
+    the lease holder's is the cluster's, not a node's)."""
+    node = SimulatedNode(0, tap.url, settings)
+    node.join(Cadence(settings.heartbeat_interval, settings.task_polling_interval, False, ()))
+    scheduler = Scheduler([node], 1)
+    scheduler.start()
+    try:
+        time.sleep(1.0)  # past its first calls
+        with Meter(tap) as meter:
+            time.sleep(seconds)  # the measuring window
+    finally:
+        scheduler.stop()
+        if node.store is not None:
+            node.store.deregister(node.node_id)
+        node.close()
+    honest = summarize(meter.master, seconds)
+    return {
+        "what": (
+            "a hand-written idle node: heartbeat every heartbeat_interval and poll every "
+            "task_polling_interval, one autocommit statement each, nothing shared"
+        ),
+        "round_trips_per_s": honest["round_trips"],
+        "round_trips_by_kind_per_s": honest["by_kind"],
+    }
 
 
 # --- scale --------------------------------------------------------------------------------------

@@ -84,6 +84,10 @@ class ServerProbe:
     def read(self) -> Counters:
         return Counters(None, None, {}, None)
 
+    def lock_waiters(self) -> int | None:
+        """Sessions of this database waiting for a lock now (None: the probe cannot tell)."""
+        return None
+
 
 class PostgresProbe(ServerProbe):
     """``pg_stat_database`` (this database's commits and rollbacks: each is a transaction) and,
@@ -126,6 +130,14 @@ class PostgresProbe(ServerProbe):
     def connections_in_use(self) -> int:
         with self.engine.connect() as conn:
             query = "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'"
+            return int(conn.execute(text(query)).scalar_one())
+
+    def lock_waiters(self) -> int | None:
+        with self.engine.connect() as conn:
+            query = (
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND datname = current_database()"
+            )
             return int(conn.execute(text(query)).scalar_one())
 
     def read(self) -> Counters:
@@ -201,6 +213,13 @@ class MySQLProbe(ServerProbe):
 
     def connections_in_use(self) -> int:
         return self._status().get("Threads_connected", 0)
+
+    def lock_waiters(self) -> int | None:
+        with self.engine.connect() as conn:
+            query = (
+                "SELECT count(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'"
+            )
+            return int(conn.execute(text(query)).scalar_one())
 
     def read(self) -> Counters:
         status = self._status()

@@ -16,7 +16,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from dbcluster.cluster.events import ClusterEvents
 from dbcluster.cluster.identity import Identity
@@ -131,9 +132,27 @@ class Membership:
         self._stopping.set()
 
 
+class PollRider(Protocol):
+    """The worker's idle poll, as the heartbeat carries it in its round trip where the two
+    coincide (see :meth:`Heartbeat.beat`)."""
+
+    def poll_to_carry(self, node_id: str) -> int | None:
+        """How many partitions the worker's poll under ``node_id`` would ask for, while it is
+        idle; else None."""
+
+    def carried_poll(self, node_id: str, found: Sequence[tuple[int, int]]) -> None:
+        """What that poll found (step and job execution ids), just now."""
+
+
 class Heartbeat(Service):
     """Every ``heartbeat_interval``: one statement that says the current identity is alive and
-    how loaded the node is; a fenced (or not yet joined) node rejoins instead."""
+    how loaded the node is; a fenced (or not yet joined) node rejoins instead.
+
+    Where the database can do both in one statement, every heartbeat carries a poll while the
+    worker is idle (``poll``), and the worker's poll carries the heartbeat when the heartbeat
+    is due before its next poll (:meth:`carried`): an idle node's heartbeats and polls share
+    their round trips. Either way the heartbeat's own timer keeps running, so a stuck worker
+    never delays it."""
 
     name = "heartbeat"
 
@@ -149,9 +168,56 @@ class Heartbeat(Service):
         self.store = store
         self.load = load
         self.rejoin = rejoin
+        #: The worker's idle poll, carried where the two coincide (None: never).
+        self.poll: PollRider | None = None
 
     def run_once(self) -> None:
         self.beat()
+
+    def due_within(self, seconds: float) -> bool:
+        """Whether the next heartbeat is due within ``seconds`` (the worker's poll may carry
+        it)."""
+        due = self.due_in()
+        return due is not None and due <= seconds
+
+    def carried(self, identity: Identity, alive: bool, began: float) -> None:
+        """The worker's poll carried a heartbeat of ``identity`` that began at ``began``
+        (``time.monotonic()``): judged as this service judges its own; the next one is due an
+        interval from now."""
+        if identity is not self.membership.current or identity.fenced.is_set():
+            return
+        self._judge(identity, alive, began)
+        self.postpone()
+
+    def _beat(self, identity: Identity) -> bool:
+        """One heartbeat of ``identity``, carrying the worker's poll while it is idle, where the
+        database can do both in one statement."""
+        load = self.load()
+        rider = self.poll
+        limit = None
+        if rider is not None:
+            try:
+                limit = rider.poll_to_carry(identity.node_id)
+            except Exception as exc:  # noqa: BLE001 - the worker's trouble: beat alone
+                log.debug("node %s beats without its poll: %s", identity.node_id, exc)
+        if rider is not None and limit is not None:
+            s = self.membership.settings
+            both = self.store.beat_and_poll(
+                identity.node_id,
+                load,
+                limit,
+                steal_after_ms=s.work_stealing_delay,
+                unreachable_ms=s.unreachable_threshold,
+            )
+            if both is not None:
+                alive, found = both
+                if alive:
+                    try:
+                        rider.carried_poll(identity.node_id, found)
+                    except Exception as exc:  # noqa: BLE001 - the worker polls on its own
+                        log.debug("node %s: a carried poll was dropped: %s", identity.node_id, exc)
+                return alive
+        return self.store.heartbeat(identity.node_id, load)
 
     def beat(self) -> None:
         membership = self.membership
@@ -162,13 +228,17 @@ class Heartbeat(Service):
             return
         began = time.monotonic()
         try:
-            alive = self.store.heartbeat(identity.node_id, self.load())
+            alive = self._beat(identity)
         except Exception as exc:  # noqa: BLE001 - judged by how long it has lasted
             silent_ms = (time.monotonic() - identity.last_heartbeat_ok) * 1000
             log.warning("node %s cannot heartbeat (%d ms): %s", identity.node_id, silent_ms, exc)
             if silent_ms >= membership.settings.unreachable_threshold:
                 membership.fence(identity, f"no heartbeat for {silent_ms:.0f} ms")
             return
+        self._judge(identity, alive, began)
+
+    def _judge(self, identity: Identity, alive: bool, began: float) -> None:
+        membership = self.membership
         # A heartbeat that only lands after the unreachable threshold may have revived a row
         # that others already judged; we still hold it, so it counts as alive.
         if alive:

@@ -278,7 +278,8 @@ class Node:
         self.observing = NodeObserving(context, self.engines.coordinating()).start()
         self._join()
         usable = self.membership.usable_identity
-        self.services.add(Heartbeat(self.membership, self.store, lambda: self.load, self._join))
+        heartbeat = Heartbeat(self.membership, self.store, lambda: self.load, self._join)
+        self.services.add(heartbeat)
         self.services.add(self.stop_requests)
         # Started before the leased services and stopped after them (it gives its leases up).
         leases = self.leases
@@ -317,9 +318,13 @@ class Node:
                 context, runtime, capacity=self.capacity, stop_requests=self.stop_requests
             )
             self.services.add(self.worker)
+            # Where they coincide, a heartbeat and an idle poll share one round trip.
+            heartbeat.poll, self.worker.heartbeat = self.worker, heartbeat
             listen = self.engines.listen
             if listen is not None:
-                self.services.add(Notifier(context, listen, self.worker))
+                notifier = Notifier(context, listen, self.worker)
+                self.worker.listening = lambda: notifier.healthy
+                self.services.add(notifier)
         if self.launcher is not None:
             self._accept_launches(self.launcher)
         for service in self._added:

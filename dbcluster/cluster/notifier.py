@@ -4,14 +4,20 @@ Where the database has LISTEN/NOTIFY (PostgreSQL), the transaction that places p
 node (a launch's placement, a master's move of an orphan) notifies that node's channel; the
 notification is delivered when it commits. Each node keeps one listening connection and wakes
 its poller on every notification; a notification names the partitions placed on the node (as
-many as its payload holds), which the node claims without polling for them first. Polling stays
-the fallback: a notification lost with a dropped connection costs at most one poll interval, and
-the listener reconnects (after a pause of one heartbeat interval) while the node polls on.
+many as its payload holds), which the node claims without polling for them first.
+
+Polling stays the fallback. While the listener is up (:attr:`Notifier.healthy`), an idle node
+polls every ``wakeup_poll_interval`` only (10 s by default): a notification lost while the
+connection looked healthy costs at most that. When the listener fails, the worker is woken at
+once (a notification may have been lost with the connection) and polls every
+``task_polling_interval`` until the listener is back; it reconnects after a pause of one
+heartbeat interval, and polls once more as it comes back.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine
@@ -45,6 +51,22 @@ class Notifier(Service):
         self.provider = get_provider(engine)
         self._listener: Listener | None = None
         self._channel: str | None = None
+        #: Set while a listener is up and its last wait ended without an error.
+        self._healthy = threading.Event()
+
+    @property
+    def healthy(self) -> bool:
+        """Whether wake-ups arrive now: the listener is up and its last wait worked."""
+        return self._healthy.is_set()
+
+    def _set_healthy(self, healthy: bool) -> None:
+        if healthy == self._healthy.is_set():
+            return
+        if healthy:
+            self._healthy.set()
+        else:
+            self._healthy.clear()
+        self.worker.listener_changed()
 
     def run_once(self) -> None:
         identity = self.context.usable_identity()
@@ -61,6 +83,7 @@ class Notifier(Service):
                 # Work placed before the listener was up is found by this poll.
                 self.worker.wake()
             payloads = self._listener.wait(WAIT_S)
+            self._set_healthy(True)
             if payloads is not None:
                 ids = [sid for payload in payloads for sid in offered_ids(payload)]
                 self.worker.offer(identity.node_id, ids)
@@ -70,6 +93,7 @@ class Notifier(Service):
             self._stop.wait(self.context.settings.heartbeat_interval / 1000)
 
     def _close(self) -> None:
+        self._set_healthy(False)
         listener, self._listener, self._channel = self._listener, None, None
         if listener is not None:
             try:

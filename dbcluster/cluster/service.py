@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 log = logging.getLogger("dbcluster.service")
@@ -29,6 +30,8 @@ class Service:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self.on_death: Callable[[Service, BaseException], None] | None = None
+        #: When the next turn is due (``time.monotonic()``), None while the body runs.
+        self._due: float | None = None
 
     def run_once(self) -> None:
         raise NotImplementedError
@@ -36,6 +39,22 @@ class Service:
     def wake(self) -> None:
         """Run the body now rather than at the end of the interval."""
         self._wake.set()
+
+    def due_in(self) -> float | None:
+        """Seconds until the next turn (0 when due or woken), or None while the body runs (or
+        before the loop started)."""
+        due = self._due
+        if due is None:
+            return None
+        if self._wake.is_set():
+            return 0.0
+        return max(0.0, due - time.monotonic())
+
+    def postpone(self) -> None:
+        """Another service did this one's work just now: the next turn is due one interval
+        from now (a wake-up still runs it at once)."""
+        if self._due is not None:
+            self._due = time.monotonic() + self.interval_ms / 1000
 
     @property
     def stopped(self) -> bool:
@@ -68,11 +87,21 @@ class Service:
                     self.run_once()
                 except Exception:  # noqa: BLE001 - a loop survives its body's failures
                     log.exception("service %s failed", self.name)
-                self._wake.wait(self.interval_ms / 1000)
+                self._due = time.monotonic() + self.interval_ms / 1000
+                self._sleep()
+                self._due = None
         except BaseException as death:  # noqa: BLE001 - reported to the group, then re-raised
             if self.on_death is not None:
                 self.on_death(self, death)
             raise
+
+    def _sleep(self) -> None:
+        """Until the next turn is due (:meth:`postpone` may move it) or a wake-up."""
+        while True:
+            due = self._due
+            remaining = 0.0 if due is None else due - time.monotonic()
+            if remaining <= 0 or self._wake.wait(remaining):
+                return
 
 
 class ServiceGroup:

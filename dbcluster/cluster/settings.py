@@ -84,6 +84,10 @@ def host_name() -> str:
 class ClusterSettings:
     heartbeat_interval: int = 3000
     task_polling_interval: int = 1000
+    #: How often an idle node polls while its wake-ups arrive (PostgreSQL's LISTEN/NOTIFY, its
+    #: listening connection up): the bound on what a lost notification costs. Without
+    #: wake-ups, or while the listener is down, it polls every ``task_polling_interval``.
+    wakeup_poll_interval: int = 10000
     unreachable_threshold: int = 10000
     cleanup_threshold: int = 30000
     sweep_interval: int = 5000

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from dbcluster import points
 from dbcluster.batch.domain import utcnow
@@ -33,6 +34,9 @@ BUSY_POLL_MS = 25
 #: this on average (milliseconds): a longer one waiting behind another would hold back a job
 #: that a free node elsewhere could have served.
 PREFETCH_BELOW_MS = 500
+#: A poll carries the heartbeat when that is due before the next poll plus this much (or half
+#: an interval, if less): the next poll may start a little late (seconds).
+CARRY_MARGIN_S = 0.25
 #: Claims failing in a row (not on the database's passing trouble) that withdraw a node from
 #: taking partitions.
 CLAIM_FAILURES_TO_WITHDRAW = 3
@@ -41,6 +45,17 @@ CLAIM_FAILURES_TO_WITHDRAW = 3
 WITHDRAWN_PROBE_POLLS = 10
 #: The longest pause between a withdrawn node's tries (milliseconds).
 WITHDRAWN_PROBE_MAX_MS = 600_000
+
+
+class BeatCarrier(Protocol):
+    """The node's heartbeat, as the worker's poll carries it where the two coincide (see
+    :class:`~dbcluster.cluster.membership.Heartbeat`)."""
+
+    def due_within(self, seconds: float) -> bool:
+        """Whether the next heartbeat is due within ``seconds``."""
+
+    def carried(self, identity: Identity, alive: bool, began: float) -> None:
+        """A poll carried a heartbeat of ``identity`` that began at ``began``."""
 
 
 class Worker(Service):
@@ -87,6 +102,24 @@ class Worker(Service):
         self._withdrawn_as: str | None = None
         #: Why this node takes no partitions for now (its claims kept failing), or None.
         self.withdrawn: str | None = None
+        #: Whether the node's wake-ups arrive now (its listener is up); None: it has none. While
+        #: they do, an idle node polls every ``wakeup_poll_interval`` only.
+        self.listening: Callable[[], bool] | None = None
+        #: The node's heartbeat, carried by a poll where the two coincide (None: never).
+        self.heartbeat: BeatCarrier | None = None
+
+    def idle_poll_ms(self) -> int:
+        """How often an idle node polls now: every ``task_polling_interval``, or every
+        ``wakeup_poll_interval`` (the fallback for a lost wake-up) while wake-ups arrive."""
+        s = self.settings
+        if self.listening is not None and self.listening():
+            return max(s.task_polling_interval, s.wakeup_poll_interval)
+        return s.task_polling_interval
+
+    def listener_changed(self) -> None:
+        """The wake-up listener came up or went down: poll now (a wake-up may have been lost
+        meanwhile), then at the pace that fits."""
+        self.wake()
 
     @property
     def load(self) -> int:
@@ -153,7 +186,7 @@ class Worker(Service):
         if found:
             self.interval_ms = BUSY_POLL_MS
         else:
-            self.interval_ms = min(self.idle_interval_ms, self.interval_ms * 2)
+            self.interval_ms = min(self.idle_poll_ms(), self.interval_ms * 2)
 
     def claims_ahead(self) -> bool:
         """Whether this node holds more partitions than it has slots (docs/CONTRACTS.md,
@@ -232,7 +265,6 @@ class Worker(Service):
     def _claim(self, identity: Identity, free: int) -> bool:
         """Claim once what a wake-up offered, else what a poll finds; True when anything was
         found."""
-        s = self.settings
         polled = self._take_offers(identity.node_id, free)
         offered = bool(polled)
         # Offered partitions were just placed: maybe of a job this node has not read yet, which
@@ -243,11 +275,8 @@ class Worker(Service):
             # those next (see the executor's "A slot hands itself on").
             found = [
                 (step_execution_id, job_execution_id)
-                for step_execution_id, job_execution_id in self.store.poll_jobs(
-                    identity.node_id,
-                    free + self.capacity,
-                    steal_after_ms=s.work_stealing_delay,
-                    unreachable_ms=s.unreachable_threshold,
+                for step_execution_id, job_execution_id in self._poll(
+                    identity, free + self.capacity
                 )
                 if not self.executor.holds(step_execution_id)
             ]
@@ -283,6 +312,62 @@ class Worker(Service):
             self.wake()  # some offers were taken or moved meanwhile: poll for what else waits
         self.executor.submit(identity, won)
         return True
+
+    def _poll(self, identity: Identity, limit: int) -> list[tuple[int, int]]:
+        """The poll; carrying the heartbeat when that is due before the next poll, where the
+        database can do both in one round trip."""
+        s = self.settings
+        beat = self.heartbeat
+        # Due before the next poll ends (a poll takes a moment: a little margin), so that no
+        # heartbeat goes alone; it comes at most that much early.
+        interval_s = self.interval_ms / 1000
+        if beat is not None and beat.due_within(interval_s + min(interval_s / 2, CARRY_MARGIN_S)):
+            began = time.monotonic()
+            both = self.store.beat_and_poll(
+                identity.node_id,
+                self.load,
+                limit,
+                steal_after_ms=s.work_stealing_delay,
+                unreachable_ms=s.unreachable_threshold,
+            )
+            if both is not None:
+                alive, found = both
+                beat.carried(identity, alive, began)  # fences the identity when not alive
+                return found if alive else []
+        return self.store.poll_jobs(
+            identity.node_id,
+            limit,
+            steal_after_ms=s.work_stealing_delay,
+            unreachable_ms=s.unreachable_threshold,
+        )
+
+    # --- the heartbeat's hooks (a heartbeat carries an idle poll) ---------------------------------
+
+    def poll_to_carry(self, node_id: str) -> int | None:
+        """How many partitions a poll under ``node_id`` would ask for, while the worker is idle
+        (the heartbeat carries one on each beat: an idle node then polls every heartbeat
+        interval at no round trip of its own); else None."""
+        identity = self.context.usable_identity()
+        if identity is None or identity.node_id != node_id or self.withdrawn is not None:
+            return None
+        if self._backlog or self._offers:
+            return None  # not idle: the worker claims what waits
+        free = self._room()
+        if self.due_in() is None or free <= 0:
+            return None  # polling now, or no room
+        return free + self.capacity
+
+    def carried_poll(self, node_id: str, found: Sequence[tuple[int, int]]) -> None:
+        """A heartbeat carried the idle poll under ``node_id``: what it found is claimed next as
+        if offered (the worker wakes for it); nothing found: the next poll is an interval
+        away."""
+        waiting = [sid for sid, _ in found if not self.executor.holds(sid)]
+        if waiting:
+            self.offer(node_id, waiting)
+            return
+        # An idle poll that found nothing, as the worker's own would be: it relaxes the pace.
+        self.interval_ms = min(self.idle_poll_ms(), self.interval_ms * 2)
+        self.postpone()
 
     # --- the node's hooks -----------------------------------------------------------------------
 

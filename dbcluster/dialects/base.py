@@ -52,6 +52,7 @@ from dbcluster.dialects.fastpaths import array_parameters as array_parameters
 from dbcluster.dialects.launches import LaunchStatements
 from dbcluster.dialects.leases import LeaseStatements
 from dbcluster.dialects.nodes import NodeStatements
+from dbcluster.dialects.pairs import StatementPair as StatementPair
 from dbcluster.dialects.partitions import PLACED_COLUMNS as PLACED_COLUMNS
 from dbcluster.dialects.partitions import PartitionStatements
 from dbcluster.dialects.provisioning import ScratchDatabases
@@ -181,6 +182,11 @@ class QueryProvider(
     #: The driver has an autocommit mode SQLAlchemy can set (``isolation_level="AUTOCOMMIT"``):
     #: single statements then cost one round trip. Without it they run in short transactions.
     supports_autocommit: ClassVar[bool] = True
+    #: On the autocommit engine, the driver sends two statements in one request and reads each
+    #: one's result (:meth:`read_then_write`; MySQL and MariaDB through PyMySQL, with the
+    #: protocol's multi-statement capability): a node's poll and its heartbeat then share a
+    #: round trip where the database has no single statement for both.
+    supports_statement_pairs: ClassVar[bool] = False
     #: Pooled connections of a network database are pinged before use when they sat idle longer
     #: than this (seconds); a connection used moments ago is not.
     ping_idle_after_s: ClassVar[float] = 5.0
@@ -433,6 +439,13 @@ class QueryProvider(
         return bool(self.session_statements(limits)) or (
             type(self).configure_session is not QueryProvider.configure_session
         )
+
+    def read_then_write(self, read: Any, write: Any, dialect: Dialect) -> StatementPair | None:
+        """``read`` and then ``write`` (Core statements sharing their bound parameters' names)
+        as one request of an autocommit connection, built once for ``dialect`` (with
+        :attr:`supports_statement_pairs`); None where the driver cannot send them so (the
+        caller runs them one by one)."""
+        return None
 
     def configure_engine(
         self, engine: Engine, *, coordination: bool = False, autocommit: bool = False

@@ -68,6 +68,21 @@ class ClaimStatements(StatementFamily):
             .limit(limit)
         )
 
+    def heartbeat_and_poll(
+        self,
+        node_id: Any,
+        load: Any,
+        limit: int,
+        steal_after_ms: int | None,
+        unreachable_ms: int,
+    ) -> Select[Any] | None:
+        """A node's heartbeat (:meth:`heartbeat`) and its poll (:meth:`select_claimable`) in one
+        statement that commits on its own, where the database can write in a read (PostgreSQL:
+        a data-modifying CTE): one row per partition found, or one whose two poll columns are
+        NULL when none is; each row's first column ``alive`` counts the node rows the heartbeat
+        changed (0: the node was removed and must fence). None: two statements."""
+        return None
+
     def lock_claimable(self, step_execution_ids: Any, table: Any = partitions) -> Select[Any]:
         """In a claim's transaction: those of the polled partitions still PENDING, locked where
         the database can skip rows another claimer holds (SKIP LOCKED); elsewhere a plain read,

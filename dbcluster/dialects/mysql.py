@@ -14,14 +14,15 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from sqlalchemy import BigInteger, bindparam, func, literal_column
+from sqlalchemy import BigInteger, Engine, bindparam, event, func, literal_column
 from sqlalchemy.dialects import mysql
 from sqlalchemy.dialects.mysql import insert as mysql_insert
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.types import TypeEngine
 
-from dbcluster.dialects.base import QueryProvider, SessionLimits
+from dbcluster.dialects.base import QueryProvider, SessionLimits, StatementPair
+from dbcluster.dialects.pairs import PyformatPair
 from dbcluster.schema import nodes
 
 #: Deadlock (1213), lock wait timeout (1205), server shutdown (1053), the server closed an idle or
@@ -31,6 +32,11 @@ from dbcluster.schema import nodes
 #: The server-status bit of an open transaction (the protocol's SERVER_STATUS_IN_TRANS).
 _SERVER_STATUS_IN_TRANS = 0x0001
 _TRANSIENT_ERRNOS = {1213, 1205, 1053, 4031, 1927, 3101, 2002, 2003, 2006, 2013, 2055}
+#: The protocol's CLIENT_MULTI_STATEMENTS capability (PyMySQL's ``client_flag``).
+_MULTI_STATEMENTS = 1 << 16
+#: The drivers whose autocommit connections are opened with it (a statement pair then costs one
+#: round trip: see :meth:`MySQLProvider.read_then_write`).
+_PAIRING_DRIVERS = ("pymysql",)
 
 
 def _errno(orig: BaseException | None) -> int | None:
@@ -64,6 +70,8 @@ class MySQLProvider(QueryProvider):
     text_collation = "utf8mb4_bin"
     #: Each DDL statement commits on its own.
     transactional_ddl = False
+    #: Through PyMySQL, on the autocommit engine (see :meth:`read_then_write`).
+    supports_statement_pairs = True
 
     def alter_column_type_sql(
         self, table: str, column: str, old_type: str, new_type: str, nullable: bool
@@ -110,6 +118,28 @@ class MySQLProvider(QueryProvider):
 
     def _idle_engine_options(self, seconds: int) -> dict[str, Any]:
         return {"pool_recycle": max(1, seconds // 2)}
+
+    def configure_engine(
+        self, engine: Engine, *, coordination: bool = False, autocommit: bool = False
+    ) -> None:
+        """An autocommit engine's PyMySQL connections are opened with the multi-statement
+        capability (its statements are dbcluster's own, with bound parameters), so a read and a
+        write can share a request (:meth:`read_then_write`)."""
+        super().configure_engine(engine, coordination=coordination, autocommit=autocommit)
+        if not autocommit or engine.dialect.driver not in _PAIRING_DRIVERS:
+            return
+
+        @event.listens_for(engine, "do_connect")
+        def _multi_statements(dialect: Any, record: Any, cargs: Any, cparams: Any) -> None:
+            cparams["client_flag"] = int(cparams.get("client_flag", 0)) | _MULTI_STATEMENTS
+
+    def read_then_write(self, read: Any, write: Any, dialect: Dialect) -> StatementPair | None:
+        """The two joined into one ``COM_QUERY`` (:mod:`dbcluster.dialects.pairs`), through
+        PyMySQL on an autocommit engine (whose connections :meth:`configure_engine` opened with
+        the multi-statement capability)."""
+        if dialect.driver not in _PAIRING_DRIVERS:
+            return None
+        return PyformatPair.build(read, write, dialect)
 
     def in_transaction(self, dbapi_connection: Any) -> bool | None:
         """From the status flags of the server's last reply (PyMySQL keeps them): PyMySQL sends

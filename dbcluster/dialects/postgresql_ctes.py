@@ -126,6 +126,31 @@ class WritableCTEProvider(QueryProvider):
             *self._claimed_columns(claimed, started, jc, sc),
         ).select_from(one.outerjoin(won, true()))
 
+    def heartbeat_and_poll(
+        self,
+        node_id: Any,
+        load: Any,
+        limit: int,
+        steal_after_ms: int | None,
+        unreachable_ms: int,
+    ) -> Select[Any] | None:
+        """The heartbeat as a data-modifying CTE beside the poll: one statement, one round trip
+        (the poll sees the rows as they were before the heartbeat, which changes none it
+        reads but the node's own)."""
+        if not self.supports_writable_cte:
+            return None
+        beat = self.heartbeat(node_id, load).returning(nodes.c.node_id).cte("dbc_beat")
+        found = self.select_claimable(node_id, limit, steal_after_ms, unreachable_ms).subquery(
+            "dbc_poll"
+        )
+        alive = select(func.count()).select_from(beat).scalar_subquery().label("alive")
+        one = select(literal_column("1").label("one")).subquery("dbc_one")
+        return (
+            select(alive, found.c.step_execution_id, found.c.job_execution_id)
+            .select_from(one.outerjoin(found, true()))
+            .order_by(found.c.step_execution_id)
+        )
+
     def claim_and_start(
         self, node_id: Any, step_execution_ids: Any, started_at: Any, load: Any
     ) -> Select[Any] | None:

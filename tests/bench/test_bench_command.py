@@ -75,6 +75,11 @@ def _check_drain(drain: dict[str, Any], partitions: int) -> None:
 def _check_ceiling(ceiling: dict[str, Any], nodes: int) -> None:
     figures = ceiling[f"nodes_{nodes}"]
     assert figures["errors"] == 0, figures.get("first_error")
+    assert figures["limit"]  # where the limit is, or that it was not reached
+    generator = figures["load_generator"]
+    assert generator["threads_per_process"] >= 1
+    assert set(generator["start_lag_ms"]) == {"p50", "p95", "p99", "max"}
+    assert figures["cadence_ms"]["heartbeat_ms"] == int(FAST["DBCLUSTER_HEARTBEAT_INTERVAL"])
     assert figures["store_calls_per_s"] > 0
     assert set(figures["heartbeat_ms"]) == {"p50", "p95", "p99", "max"}
     assert figures["poll_ms"]["p50"] > 0
@@ -134,6 +139,25 @@ def test_bench_drain_and_ceiling_on_a_server(env_var: str) -> None:
     assert ceiling["nodes_100000"]["skipped"].startswith(
         f"server max_connections={limit}; raise it to run 100000 nodes"
     )
+
+
+def test_bench_idle_on_postgresql_costs_less_than_its_baseline() -> None:
+    """Counted on the wire: an idle node's heartbeats carry its polls (one round trip each),
+    against a hand-written node that sends both apart, in the same run."""
+    url = os.environ.get("DBCLUSTER_TEST_POSTGRESQL_URL")
+    if not url:
+        pytest.skip("DBCLUSTER_TEST_POSTGRESQL_URL is not set")
+    report = bench_json("idle", "--url", url, "--idle-seconds", "3", "--idle-nodes", "2", env=FAST)[
+        "idle"
+    ]
+    baseline = report["baseline"]
+    # Heartbeat every 0.5 s, poll every 0.1 s: 12 round trips a second.
+    assert baseline["round_trips_per_s"] >= 10, baseline
+    for n in (1, 2):
+        figures = report[f"nodes_{n}"]
+        # Its heartbeats (2 a second, each carrying a poll) and its maintenance (a sweep check
+        # and a stranded-master scan a second): well under the baseline.
+        assert figures["round_trips_per_s_per_node"] < baseline["round_trips_per_s"] / 2, figures
 
 
 def test_bench_rejects_an_unknown_scenario() -> None:

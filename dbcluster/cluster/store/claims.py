@@ -102,6 +102,68 @@ class Claims(Connector):
         rows = self.rows(stmt, "poll", {"b_node": node_id})
         return [(int(r[0]), int(r[1])) for r in rows]
 
+    def beat_and_poll(
+        self,
+        node_id: str,
+        load: int,
+        limit: int,
+        *,
+        steal_after_ms: int | None = None,
+        unreachable_ms: int | None = None,
+    ) -> tuple[bool, list[tuple[int, int]]] | None:
+        """The node's heartbeat and :meth:`poll_jobs` in one round trip (one statement on the
+        autocommit engine), where the database can: (whether the node's row was there,
+        what the poll found). None where it cannot (the caller sends the two itself)."""
+        provider = self.provider
+        engine = self.autocommit
+        bounded = self._bounded_heartbeat()
+        if engine is None or len(bounded) != 1:
+            return None
+        params = {"b_node": node_id, "b_load": load}
+        key = (limit, steal_after_ms, unreachable_ms)
+        stmt = self.prepared(
+            ("beat and poll", *key),
+            lambda: provider.heartbeat_and_poll(
+                bindparam("b_node"), bindparam("b_load"), limit, steal_after_ms, unreachable_ms
+            ),
+        )
+        if stmt is not None:
+            rows = self.rows(stmt, "heartbeat and poll", params)
+            alive = bool(rows) and int(rows[0][0]) == 1
+            return alive, [(int(r[1]), int(r[2])) for r in rows if r[1] is not None]
+        if not provider.supports_statement_pairs:
+            return None
+        # Else the poll and the heartbeat as one request, where the driver can send them so.
+        pair = self.prepared(
+            ("poll then beat", *key),
+            lambda: provider.read_then_write(
+                provider.select_claimable(
+                    bindparam("b_node"), limit, steal_after_ms, unreachable_ms
+                ),
+                bounded[0],
+                engine.dialect,
+            ),
+        )
+        if pair is None:
+            return None
+
+        def once() -> tuple[bool, list[tuple[int, int]]]:
+            with engine.connect() as conn:
+                rows, changed = pair.run(conn, params)
+            return changed == 1, [(int(r[0]), int(r[1])) for r in rows]
+
+        return self.retry.call(once, "poll and heartbeat")
+
+    def _bounded_heartbeat(self) -> Any:
+        """The heartbeat with its bounded lock wait (one statement where the session bounds
+        it)."""
+        return self.prepared(
+            ("bounded", "heartbeat"),
+            lambda: self.provider.bounded(
+                self.provider.heartbeat(bindparam("b_node"), bindparam("b_load"))
+            ),
+        )
+
     def claim(
         self,
         node_id: str,

@@ -40,6 +40,8 @@ NOT_SQL: dict[str, str] = {
     "clip_text": "text clipping",
     "column_type": "a column type (compiled with the DDL: ddl_statements)",
     "configure_engine": "engine events",
+    "read_then_write": "joins two statements of CALLS (select_claimable, heartbeat) into one "
+    "request",
     "configure_session": "runs session_statements (rendered) or sets a driver attribute",
     "connect": "a driver connection (the dialect's own connect by default)",
     "connect_error_hint": "an error message",
@@ -224,6 +226,10 @@ CALLS: dict[str, Callable[[QueryProvider], list[Any]]] = {
     "select_claimable": lambda p: [
         p.select_claimable(bindparam("b_node"), 4, None, 10_000),
         p.select_claimable(bindparam("b_node"), 4, 5000, 10_000),
+    ],
+    "heartbeat_and_poll": lambda p: [
+        p.heartbeat_and_poll(bindparam("b_node"), bindparam("b_load"), 4, None, 10_000),
+        p.heartbeat_and_poll(bindparam("b_node"), bindparam("b_load"), 4, 5000, 10_000),
     ],
     "lock_claimable": lambda p: [
         p.lock_claimable(_IDS),

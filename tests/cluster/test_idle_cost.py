@@ -1,0 +1,156 @@
+"""Quiet idle nodes (issue 35): wake-ups make polling a fallback, and a node's heartbeat and its
+idle poll share one round trip where the database can send them together.
+
+Each test watches the statements a worker node sends on its autocommit engine (polls,
+heartbeats, both at once) and waits on conditions with deadlines."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from sqlalchemy import event, text
+
+from dbcluster.cluster.notifier import Notifier
+from dbcluster.testing.app import FAST_SETTINGS
+from dbcluster.testing.backends import Backend
+from dbcluster.testing.waiting import wait_for
+
+#: Heartbeats every 100 ms, polls every 50 ms without wake-ups, every minute with them.
+SETTINGS = FAST_SETTINGS.with_overrides(
+    heartbeat_interval=100, task_polling_interval=50, wakeup_poll_interval=60_000
+)
+
+
+def _kind(sql: str) -> str | None:
+    """What a statement of the autocommit engine is: a poll, a heartbeat, both, or else None."""
+    polls = sql.lstrip().startswith("SELECT batch_partitions.step_execution_id") or (
+        "dbc_poll" in sql
+    )
+    beats = "UPDATE batch_nodes SET status" in sql
+    if polls and beats:
+        return "both"
+    if polls:
+        return "poll"
+    if beats:
+        return "heartbeat"
+    return None
+
+
+@contextmanager
+def _watched(node: Any) -> Iterator[Counter[str]]:
+    """Counts of the node's polls, heartbeats and the two together while inside."""
+    seen: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    def record(conn: Any, cursor: Any, sql: str, *args: Any) -> None:
+        kind = _kind(sql)
+        if kind is not None:
+            with lock:
+                seen[kind] += 1
+
+    engine = node.engines.autocommit
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        yield seen
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+
+
+def _window(seen: Counter[str], carried: int, what: str) -> Counter[str]:
+    """The counts over the next ``carried`` statements that did both."""
+    start = Counter(seen)
+    wait_for(lambda: seen["both"] - start["both"] >= carried, timeout=15, what=what)
+    return Counter({k: seen[k] - start[k] for k in ("poll", "heartbeat", "both")})
+
+
+def _notifier(cluster: Any) -> Notifier:
+    found = cluster.node.services.get("listen")
+    assert isinstance(found, Notifier)
+    return found
+
+
+@pytest.mark.backends("postgresql")
+def test_with_wake_ups_an_idle_node_polls_only_inside_its_heartbeats(
+    backend: Backend, make_cluster: Any
+) -> None:
+    """While its listener is up, an idle node sends no poll of its own (its fallback is a
+    minute away): each heartbeat carries one, in one statement."""
+    worker = make_cluster(SETTINGS)
+    notifier = _notifier(worker)
+    wait_for(lambda: notifier.healthy, what="the worker to listen")
+    assert worker.node.worker.idle_poll_ms() == 60_000
+    with _watched(worker.node) as seen:
+        # Past the polls of its start (the interval doubles from 50 ms up to the fallback,
+        # with each empty poll, carried or not).
+        wait_for(lambda: worker.node.worker.interval_ms >= 400, what="the poll to relax")
+        counts = _window(seen, 10, "ten heartbeats carrying polls")
+    assert counts["poll"] == 0, counts
+    assert counts["heartbeat"] == 0, counts
+
+
+@pytest.mark.backends("postgresql")
+def test_with_the_listener_down_polling_resumes_at_the_normal_interval(
+    backend: Backend, make_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cut listener (that cannot reconnect for now): the node polls every
+    ``task_polling_interval`` again, at once; back up, the fallback pace returns."""
+    # Heartbeats (which carry a poll each) once a second: the polls counted below are the
+    # worker's own.
+    worker = make_cluster(SETTINGS.with_overrides(heartbeat_interval=1000))
+    notifier = _notifier(worker)
+    wait_for(lambda: notifier.healthy, what="the worker to listen")
+
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        raise ConnectionError("the test refuses the listener")
+
+    monkeypatch.setattr(notifier.provider, "open_listener", refused)
+    with _watched(worker.node) as seen:
+        with backend.engine.begin() as conn:
+            killed = conn.execute(
+                text(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                    "WHERE query LIKE 'LISTEN dbcluster_%' AND datname = current_database()"
+                )
+            ).scalar_one()
+        assert killed >= 1
+        wait_for(lambda: not notifier.healthy, timeout=10, what="the listener to be found down")
+        assert worker.node.worker.idle_poll_ms() == SETTINGS.task_polling_interval
+        start = seen["poll"] + seen["both"]
+        # Polls of its own at the normal interval (50 ms): ten within a few heartbeats.
+        wait_for(
+            lambda: seen["poll"] + seen["both"] - start >= 10,
+            timeout=4,
+            what="the node to poll every task_polling_interval",
+        )
+    monkeypatch.undo()
+    wait_for(lambda: notifier.healthy, timeout=10, what="the listener to come back")
+    assert worker.node.worker.idle_poll_ms() == 60_000
+
+
+@pytest.mark.backends("postgresql", "mariadb", "mysql")
+def test_an_idle_nodes_heartbeats_ride_on_its_polls(backend: Backend, make_cluster: Any) -> None:
+    """Where the heartbeat and the poll can go as one request, an idle node sends no heartbeat
+    on its own: each rides with a poll (or carries one)."""
+    # Polls every 250 ms everywhere, heartbeats every second: a poll carries each heartbeat
+    # (which may then come up to one poll interval and a margin early).
+    settings = SETTINGS.with_overrides(
+        heartbeat_interval=1000,
+        task_polling_interval=250,
+        wakeup_poll_interval=250,
+        unreachable_threshold=5000,
+        cleanup_threshold=10_000,
+    )
+    worker = make_cluster(settings)
+    with _watched(worker.node) as seen:
+        wait_for(lambda: seen["both"] >= 1, what="a poll with its heartbeat")
+        counts = _window(seen, 4, "four polls with their heartbeats")
+    # One alone at most: a poll that starts more than the margin late (a stalled machine)
+    # leaves the heartbeat to go on its own, as it must.
+    assert counts["heartbeat"] <= 1, counts
+    assert counts["poll"] > 0, counts  # the polls between heartbeats
+    assert not worker.node.is_fenced
