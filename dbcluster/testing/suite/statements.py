@@ -386,6 +386,18 @@ CALLS: dict[str, Callable[[QueryProvider], list[Any]]] = {
     "insert_lease": lambda p: [p.insert_lease("prune", "n")],
     "release_lease": lambda p: [p.release_lease("prune", "n")],
     "select_leases": lambda p: [p.select_leases(10_000)],
+    "poll_and_leases": lambda p: [
+        p.poll_and_leases(bindparam("b_node"), None, None, 10_000, 10_000),
+        p.poll_and_leases(bindparam("b_node"), 4, 5000, 10_000, 10_000),
+    ],
+    "heartbeat_and_read": lambda p: [
+        p.heartbeat_and_read(
+            bindparam("b_node"),
+            bindparam("b_load"),
+            p.poll_and_leases(bindparam("b_node"), limit, 5000, 10_000, 10_000),
+        )
+        for limit in (None, 4)
+    ],
     "renew_leases": lambda p: [
         p.renew_leases(["sweep", "prune"], "n", 10_000),
         p.renew_leases(bindparam("b_names", expanding=True), bindparam("b_holder"), 10_000),
