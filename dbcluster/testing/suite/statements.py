@@ -178,6 +178,7 @@ CALLS: dict[str, Callable[[QueryProvider], list[Any]]] = {
     ],
     # node registry
     "register_node": lambda p: _register(p, "n"),
+    "select_pending_of": lambda p: [p.select_pending_of("UNREACHABLE")],
     "heartbeat": lambda p: [
         p.heartbeat("n", 1),
         p.heartbeat(bindparam("b_node"), bindparam("b_load")),  # type: ignore[arg-type]
