@@ -40,7 +40,8 @@ NOT_SQL: dict[str, str] = {
     "clip_text": "text clipping",
     "column_type": "a column type (compiled with the DDL: ddl_statements)",
     "configure_engine": "engine events",
-    "read_then_write": "joins two statements of CALLS (select_claimable, heartbeat) into one "
+    "read_then_write": "joins two statements of CALLS (select_claimable or poll_and_leases, "
+    "heartbeat) into one "
     "request",
     "configure_session": "runs session_statements (rendered) or sets a driver attribute",
     "connect": "a driver connection (the dialect's own connect by default)",
