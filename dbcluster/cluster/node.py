@@ -44,6 +44,7 @@ from dbcluster.cluster.maintenance.sweeper import Sweeper
 from dbcluster.cluster.membership import Heartbeat, Membership
 from dbcluster.cluster.notifier import Notifier
 from dbcluster.cluster.observing import NodeObserving
+from dbcluster.cluster.patience import is_passing
 from dbcluster.cluster.service import Service, ServiceGroup
 from dbcluster.cluster.settings import ClusterSettings, host_name
 from dbcluster.cluster.stopping import StopRequests
@@ -166,7 +167,10 @@ class Node:
         )
         #: Launch requests and schedule fires, on the node's store.
         self.launches = LaunchStore(self.store)
-        self.services = ServiceGroup(on_death=self._service_died)
+        provider = self.store.provider
+        self.services = ServiceGroup(
+            on_death=self._service_died, is_outage=lambda error: is_passing(provider, error)
+        )
         #: The executions this node works for, watched for stop requests.
         self.stop_requests = StopRequests(self.store, self.settings)
         self.worker: Worker | None = None
