@@ -155,10 +155,15 @@ class Node:
         self.context = NodeContext(self.settings, self.store, self.events, self.membership)
         self.repository = JobRepository(
             self.work_engine,
+            # A database outage is waited out for as long as this node may act: its heartbeat
+            # fences it past unreachable_threshold (then give_up), its watchdog at the latest
+            # just under cleanup_threshold. No count of tries: an outage costs as many tries as
+            # it lasts, and a step that gave up before its node did would fail a partition (a
+            # non-transferable one: its job) that the outage alone interrupted.
             RetryPolicy(
                 is_transient=get_provider(self.work_engine).is_transient,
-                attempts=50,
-                deadline_s=self.settings.unreachable_threshold / 1000,
+                attempts=None,
+                deadline_s=self.settings.cleanup_threshold / 1000,
                 backoff_s=0.05,
                 max_backoff_s=min(1.0, self.settings.heartbeat_interval / 1000),
                 give_up=lambda: self.is_fenced or self.stopping,
