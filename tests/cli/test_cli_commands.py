@@ -16,6 +16,7 @@ from cli_helpers import APP, PidProcess, cli, cli_env, run_cli, wait_for
 from sqlalchemy import Engine, func, select
 
 from dbcluster.demo import receipts, results
+from dbcluster.testing.app import TIME_SCALE
 from dbcluster.testing.backends import Backend
 
 
@@ -138,9 +139,10 @@ def test_detached_launch_returns_at_once_and_status_shows_it_in_flight(
         APP,
         "reconcile-receipts",
         "run=detached",
-        # Slow enough (about 10 s) that the job is still running when `status` reads it, even
-        # when a loaded machine takes seconds to start the two commands.
-        "pace_ms(int)=600",
+        # Slow enough (about 10 s, times the suite's time scale) that the job is still running
+        # when `status` reads it, even when a loaded machine takes seconds to start the two
+        # commands (at 600 ms and a scale of 2 it finished first once, under a load of 89).
+        f"pace_ms(int)={int(600 * TIME_SCALE)}",
         "--no-work",
         "--detach",
         "--log-file",
@@ -169,7 +171,7 @@ def test_detached_launch_returns_at_once_and_status_shows_it_in_flight(
         detail = one_json_line(job.stdout)
         return detail if detail["status"] not in ("STARTING", "STARTED") else None
 
-    detail = wait_for(finished, 60, "the detached job to finish", interval=0.2)
+    detail = wait_for(finished, 60 * TIME_SCALE, "the detached job to finish", interval=0.2)
     assert detail["status"] == "COMPLETED", log_file.read_text()[-3000:]
     assert result_total(demo_engine, execution_id) == expected_total(demo_engine)
     wait_for(lambda: master.poll() is not None, 20, "the detached master to exit")
