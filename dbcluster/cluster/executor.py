@@ -37,9 +37,8 @@ from dbcluster.cluster.fencing import RELEASED, RETRIED, PartitionFence
 from dbcluster.cluster.grouping import Grouping
 from dbcluster.cluster.identity import Identity
 from dbcluster.cluster.patience import is_passing
-from dbcluster.cluster.service import brief
 from dbcluster.cluster.store import ClaimedPartition, PendingPartition
-from dbcluster.retry import Retry, warn_once
+from dbcluster.retry import Retry, brief, warn_once
 from dbcluster.states import PARTITION_COMPLETED
 
 if TYPE_CHECKING:

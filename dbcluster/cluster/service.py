@@ -17,6 +17,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from dbcluster.retry import brief
+
 log = logging.getLogger("dbcluster.service")
 
 #: Called at the top of every loop turn; a test's pause gate blocks there (None outside tests).
@@ -27,14 +29,6 @@ IsOutage = Callable[[BaseException], bool]
 
 def _never(error: BaseException) -> bool:
     return False
-
-
-def brief(error: BaseException) -> str:
-    """One line for a log: the driver's error (not SQLAlchemy's wrapper with its SQL text and
-    parameters), its type and first line."""
-    cause = getattr(error, "orig", None) or error
-    lines = str(cause).strip().splitlines()
-    return f"{type(cause).__name__}: {lines[0] if lines else ''}".rstrip(": ")
 
 
 class Outage:

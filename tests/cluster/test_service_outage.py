@@ -138,3 +138,27 @@ def test_a_heartbeat_through_an_outage_warns_once(caplog: pytest.LogCaptureFixtu
 class _NoEvents:
     def __getattr__(self, name: str):
         return lambda *args, **kwargs: None
+
+
+def test_a_repeated_statement_says_so_once_at_info(caplog: pytest.LogCaptureFixture) -> None:
+    """The default retry log: its first repetition is one INFO line (the driver's error, without
+    SQLAlchemy's SQL text), the next ones DEBUG."""
+    from dbcluster.retry import Retry
+
+    error = _outage_error()
+    tries = {"n": 0}
+
+    def work() -> str:
+        tries["n"] += 1
+        if tries["n"] < 4:
+            raise error
+        return "done"
+
+    caplog.set_level(logging.DEBUG, logger="dbcluster.retry")
+    retry = Retry(lambda e: True, attempts=5, sleep=lambda s: None)
+    assert retry.call(work, "poll") == "done"
+    levels = [r.levelname for r in caplog.records if r.name == "dbcluster.retry"]
+    assert levels == ["INFO", "DEBUG", "DEBUG"]
+    first = caplog.records[0].getMessage()
+    assert first.startswith("transient error in poll (attempt 1): OperationalError: ")
+    assert "\n" not in first and "[SQL" not in first
