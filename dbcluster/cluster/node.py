@@ -174,7 +174,9 @@ class Node:
         self.launches = LaunchStore(self.store)
         provider = self.store.provider
         self.services = ServiceGroup(
-            on_death=self._service_died, is_outage=lambda error: is_passing(provider, error)
+            on_death=self._service_died,
+            is_outage=lambda error: is_passing(provider, error),
+            acting=lambda: self.membership.usable_identity() is not None,
         )
         #: The executions this node works for, watched for stop requests.
         self.stop_requests = StopRequests(self.store, self.settings)

@@ -31,6 +31,10 @@ def _never(error: BaseException) -> bool:
     return False
 
 
+def _always() -> bool:
+    return True
+
+
 class Outage:
     """What one service has seen of a database outage: one WARNING when it begins, one INFO
     when it ends (see the module doc)."""
@@ -68,6 +72,9 @@ class Service:
         self.on_death: Callable[[Service, BaseException], None] | None = None
         #: Which errors are a database outage (the group sets the node's provider's verdict).
         self.is_outage: IsOutage = _never
+        #: Whether a turn that raised nothing proves the database answers again: not while the
+        #: node has no identity to act under (its services' turns then skip their work).
+        self.acting: Callable[[], bool] = _always
         self.outage = Outage(self.name)
         self._unavailable_this_turn = False
 
@@ -122,7 +129,7 @@ class Service:
                     if not self.unavailable(error):
                         log.exception("service %s failed", self.name)
                 else:
-                    if not self._unavailable_this_turn:
+                    if not self._unavailable_this_turn and self.acting():
                         self.outage.ended()
                 self._wake.wait(self.interval_ms / 1000)
         except BaseException as death:  # noqa: BLE001 - reported to the group, then re-raised
@@ -139,14 +146,17 @@ class ServiceGroup:
         self,
         on_death: Callable[[Service, BaseException], None] | None = None,
         is_outage: IsOutage | None = None,
+        acting: Callable[[], bool] | None = None,
     ) -> None:
         self.services: list[Service] = []
         self.on_death = on_death
         self.is_outage = is_outage or _never
+        self.acting = acting or _always
 
     def add(self, service: Service) -> Service:
         service.on_death = self.on_death
         service.is_outage = self.is_outage
+        service.acting = self.acting
         self.services.append(service)
         return service
 

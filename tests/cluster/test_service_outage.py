@@ -59,8 +59,8 @@ class Scripted(Service):
             raise error
 
 
-def _run(service: Service, is_outage) -> None:
-    group = ServiceGroup(is_outage=is_outage)
+def _run(service: Service, is_outage, acting=None) -> None:
+    group = ServiceGroup(is_outage=is_outage, acting=acting)
     group.add(service)
     group.start()
     try:
@@ -91,6 +91,20 @@ def test_an_outage_logs_one_warning_then_one_info(caplog: pytest.LogCaptureFixtu
     assert "OperationalError" in warning and "\n" not in warning and "[SQL" not in warning
     assert records[1][1].startswith("service scripted: database available again")
     assert not any(traced for _, _, traced in records)
+
+
+def test_a_turn_that_skipped_its_work_does_not_end_the_outage(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """While the node has no identity to act under, its services' turns skip their work: such a
+    turn says nothing of the database, and the outage goes on (one WARNING, one INFO)."""
+    error = _outage_error()
+    provider = get_provider(make_engine("postgresql+psycopg://u@127.0.0.1/none"))
+    caplog.set_level(logging.INFO, logger="dbcluster.service")
+    service = Scripted([error, None, None, error, None])
+    # Acting again only from the 5th turn on: turns 2 and 3 skipped their work.
+    _run(service, lambda e: is_passing(provider, e), acting=lambda: service.turns >= 5)
+    assert [level for level, _, _ in _records(caplog)] == ["WARNING", "INFO"]
 
 
 def test_any_other_failure_is_an_error_with_its_traceback(
