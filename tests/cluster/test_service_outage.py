@@ -176,3 +176,20 @@ def test_a_repeated_statement_says_so_once_at_info(caplog: pytest.LogCaptureFixt
     first = caplog.records[0].getMessage()
     assert first.startswith("transient error in poll (attempt 1): OperationalError: ")
     assert "\n" not in first and "[SQL" not in first
+
+
+def test_a_node_waits_an_outage_out_for_as_long_as_it_may_act(tmp_path) -> None:
+    """A node's step and job transactions repeat a database outage's errors until the node is
+    fenced (``give_up``), at the latest ``cleanup_threshold``, with no count of tries: 50 tries
+    with pauses capped at the heartbeat interval ran out in about 10 s, before the node fenced
+    itself, and a chunk that an outage that long interrupted failed its partition (and a
+    non-transferable one its job)."""
+    from dbcluster.cluster.node import Node
+
+    settings = ClusterSettings(
+        heartbeat_interval=200, unreachable_threshold=10_000, cleanup_threshold=20_000
+    )
+    node = Node(make_engine(f"sqlite:///{tmp_path / 'n.db'}"), None, settings, capacity=0)
+    policy = node.repository.transactions.policy
+    assert policy.attempts is None
+    assert policy.deadline_s == 20.0
