@@ -210,7 +210,7 @@ class Node:
         self.services = ServiceGroup(
             on_death=self._service_died,
             is_outage=lambda error: is_passing(provider, error),
-            acting=lambda: self.membership.usable_identity() is not None,
+            has_identity=lambda: self.membership.usable_identity() is not None,
         )
         #: The executions this node works for, watched for stop requests.
         self.stop_requests = StopRequests(self.store, self.settings)

@@ -76,7 +76,7 @@ class Service:
         self.is_outage: IsOutage = _never
         #: Whether a turn that raised nothing proves the database answers again: not while the
         #: node has no identity to act under (its services' turns then skip their work).
-        self.acting: Callable[[], bool] = _always
+        self.has_identity: Callable[[], bool] = _always
         self.outage = Outage(self.name)
         self._unavailable_this_turn = False
 
@@ -147,7 +147,7 @@ class Service:
                     if not self.unavailable(error):
                         log.exception("service %s failed", self.name)
                 else:
-                    if not self._unavailable_this_turn and self.acting():
+                    if not self._unavailable_this_turn and self.has_identity():
                         self.outage.ended()
                 self._due = time.monotonic() + self.interval_ms / 1000
                 self._sleep()
@@ -174,17 +174,17 @@ class ServiceGroup:
         self,
         on_death: Callable[[Service, BaseException], None] | None = None,
         is_outage: IsOutage | None = None,
-        acting: Callable[[], bool] | None = None,
+        has_identity: Callable[[], bool] | None = None,
     ) -> None:
         self.services: list[Service] = []
         self.on_death = on_death
         self.is_outage = is_outage or _never
-        self.acting = acting or _always
+        self.has_identity = has_identity or _always
 
     def add(self, service: Service) -> Service:
         service.on_death = self.on_death
         service.is_outage = self.is_outage
-        service.acting = self.acting
+        service.has_identity = self.has_identity
         self.services.append(service)
         return service
 

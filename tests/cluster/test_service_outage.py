@@ -59,8 +59,8 @@ class Scripted(Service):
             raise error
 
 
-def _run(service: Service, is_outage, acting=None) -> None:
-    group = ServiceGroup(is_outage=is_outage, acting=acting)
+def _run(service: Service, is_outage, has_identity=None) -> None:
+    group = ServiceGroup(is_outage=is_outage, has_identity=has_identity)
     group.add(service)
     group.start()
     try:
@@ -103,7 +103,7 @@ def test_a_turn_that_skipped_its_work_does_not_end_the_outage(
     caplog.set_level(logging.INFO, logger="dbcluster.service")
     service = Scripted([error, None, None, error, None])
     # Acting again only from the 5th turn on: turns 2 and 3 skipped their work.
-    _run(service, lambda e: is_passing(provider, e), acting=lambda: service.turns >= 5)
+    _run(service, lambda e: is_passing(provider, e), has_identity=lambda: service.turns >= 5)
     assert [level for level, _, _ in _records(caplog)] == ["WARNING", "INFO"]
 
 
