@@ -280,6 +280,10 @@ pg_restart() {  # pg_restart [DOWN_S]
 pg_kill() {  # pg_kill CLUSTER
     local pm children
     pm=$(head -n 1 "$(pg_datadir "$1")/postmaster.pid")
+    # Held still first, so that it forks no backend between the listing of its children and
+    # its death (an orphan missed so kept the shared memory, and the restart failed with
+    # "pre-existing shared memory block is still in use" under load).
+    kill -STOP "$pm"
     children=$(ps -o pid= --ppid "$pm" || true)
     kill -9 "$pm"
     # shellcheck disable=SC2086 # a list of pids

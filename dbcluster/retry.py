@@ -37,9 +37,20 @@ def _never() -> bool:
     return False
 
 
+def brief(error: BaseException) -> str:
+    """One line for a log: the driver's error (not SQLAlchemy's wrapper with its SQL text and
+    parameters), its type and first line."""
+    cause = getattr(error, "orig", None) or error
+    lines = str(cause).strip().splitlines()
+    return f"{type(cause).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+
+
 def log_retry(what: str, attempt: int, error: BaseException) -> None:
-    """The default ``on_retry``: one INFO line per repetition (a routine blip, not a warning)."""
-    log.info("transient error in %s (attempt %d): %s", what, attempt, error)
+    """The default ``on_retry``: one INFO line for the first repetition (a routine blip, not a
+    warning), DEBUG for the next ones (an outage repeats many statements many times: the
+    services say once that the database is unavailable)."""
+    level = logging.INFO if attempt == 1 else logging.DEBUG
+    log.log(level, "transient error in %s (attempt %d): %s", what, attempt, brief(error))
 
 
 def warn_once(logger: logging.Logger) -> Callable[[str, int, BaseException], None]:

@@ -52,10 +52,11 @@ class RetryPolicy:
 
     ``give_up`` is asked before each repetition (a cluster node answers "I am fenced": its
     writes would be refused anyway, and its partitions belong to their masters now).
+    ``attempts`` None: no bound on the tries, only the deadline.
     """
 
     is_transient: Callable[[BaseException], bool] = connection_invalidated
-    attempts: int = 5
+    attempts: int | None = 5
     deadline_s: float = 10.0
     backoff_s: float = 0.05
     max_backoff_s: float = 1.0

@@ -36,8 +36,9 @@ from dbcluster.cluster.claimed import ClaimedExecutions
 from dbcluster.cluster.fencing import RELEASED, RETRIED, PartitionFence
 from dbcluster.cluster.grouping import Grouping
 from dbcluster.cluster.identity import Identity
+from dbcluster.cluster.patience import is_passing
 from dbcluster.cluster.store import ClaimedPartition, PendingPartition
-from dbcluster.retry import Retry, warn_once
+from dbcluster.retry import Retry, brief, warn_once
 from dbcluster.states import PARTITION_COMPLETED
 
 if TYPE_CHECKING:
@@ -260,7 +261,19 @@ class Executor:
             self._ran_for(time.monotonic() - began)
             self.grouping.ran_alone(task)
         except Exception as error:  # noqa: BLE001 - recorded once the database answers
-            log.exception("node %s failed to run partition %s", identity.node_id, p.partition_name)
+            if identity.is_fenced or is_passing(self.store.provider, error):
+                # The database's passing trouble, or a node that may no longer write: its
+                # outcome is recorded once the database answers (or left to its master).
+                log.warning(
+                    "node %s could not finish partition %s yet: %s",
+                    identity.node_id,
+                    p.partition_name,
+                    brief(error),
+                )
+            else:
+                log.exception(
+                    "node %s failed to run partition %s", identity.node_id, p.partition_name
+                )
             self._fail_after_error(task, error)
         else:
             following = self._following(task)

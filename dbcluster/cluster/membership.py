@@ -273,7 +273,10 @@ class Heartbeat(Service):
             alive = self._beat(identity)
         except Exception as exc:  # noqa: BLE001 - judged by how long it has lasted
             silent_ms = (time.monotonic() - identity.last_heartbeat_ok) * 1000
-            log.warning("node %s cannot heartbeat (%d ms): %s", identity.node_id, silent_ms, exc)
+            if not self.unavailable(exc):  # an outage: one WARNING for all of it
+                log.warning(
+                    "node %s cannot heartbeat (%d ms): %s", identity.node_id, silent_ms, exc
+                )
             if silent_ms >= membership.settings.unreachable_threshold:
                 membership.fence(identity, f"no heartbeat for {silent_ms:.0f} ms")
             return
@@ -293,4 +296,5 @@ class Heartbeat(Service):
         try:
             self.rejoin()
         except Exception as exc:  # noqa: BLE001 - try again on the next beat
-            log.warning("node could not rejoin the cluster: %s", exc)
+            if not self.unavailable(exc):
+                log.warning("node could not rejoin the cluster: %s", exc)

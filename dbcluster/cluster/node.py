@@ -46,6 +46,7 @@ from dbcluster.cluster.maintenance.sweeper import Sweeper
 from dbcluster.cluster.membership import Heartbeat, Membership
 from dbcluster.cluster.notifier import Notifier
 from dbcluster.cluster.observing import NodeObserving
+from dbcluster.cluster.patience import is_passing
 from dbcluster.cluster.service import Service, ServiceGroup
 from dbcluster.cluster.settings import ClusterSettings, host_name
 from dbcluster.cluster.stopping import StopRequests
@@ -186,10 +187,15 @@ class Node:
         self.context = NodeContext(self.settings, self.store, self.events, self.membership)
         self.repository = JobRepository(
             self.work_engine,
+            # A database outage is waited out for as long as this node may act: its heartbeat
+            # fences it past unreachable_threshold (then give_up), its watchdog at the latest
+            # just under cleanup_threshold. No count of tries: an outage costs as many tries as
+            # it lasts, and a step that gave up before its node did would fail a partition (a
+            # non-transferable one: its job) that the outage alone interrupted.
             RetryPolicy(
                 is_transient=get_provider(self.work_engine).is_transient,
-                attempts=50,
-                deadline_s=self.settings.unreachable_threshold / 1000,
+                attempts=None,
+                deadline_s=self.settings.cleanup_threshold / 1000,
                 backoff_s=0.05,
                 max_backoff_s=min(1.0, self.settings.heartbeat_interval / 1000),
                 give_up=lambda: self.is_fenced or self.stopping,
@@ -200,7 +206,12 @@ class Node:
         self.launches = LaunchStore(self.store)
         #: The maintenance leases this node contends for (see ``cluster/maintenance/leases.py``).
         self.leases = Leases(self.store, self.settings, self.membership.usable_identity)
-        self.services = ServiceGroup(on_death=self._service_died)
+        provider = self.store.provider
+        self.services = ServiceGroup(
+            on_death=self._service_died,
+            is_outage=lambda error: is_passing(provider, error),
+            has_identity=lambda: self.membership.usable_identity() is not None,
+        )
         #: The executions this node works for, watched for stop requests.
         self.stop_requests = StopRequests(self.store, self.settings)
         self.worker: Worker | None = None

@@ -88,7 +88,8 @@ class Notifier(Service):
                 ids = [sid for payload in payloads for sid in offered_ids(payload)]
                 self.worker.offer(identity.node_id, ids)
         except Exception as exc:  # noqa: BLE001 - the node polls meanwhile
-            log.warning("node %s lost its wake-up listener: %s", identity.node_id, exc)
+            if not self.unavailable(exc):  # an outage: one WARNING for all of it
+                log.warning("node %s lost its wake-up listener: %s", identity.node_id, exc)
             self._close()
             self._stop.wait(self.context.settings.heartbeat_interval / 1000)
 

@@ -3,6 +3,11 @@
 A service runs ``run_once`` every ``interval_ms`` (sooner when woken), survives its body's
 failures, and has a stop path. A :class:`ServiceGroup` starts and stops a node's services in
 order and tells the node when one of them died, so a node never goes on half-alive.
+
+A database outage (a restart, a crash, a switchover: errors the node's provider calls passing,
+``is_outage``) is routine: each service logs one WARNING when it begins to meet it ("database
+unavailable; retrying", no traceback), nothing while it lasts, and one INFO once a turn works
+again. Any other failure of a body is an ERROR with its traceback: someone must look.
 """
 
 from __future__ import annotations
@@ -12,10 +17,45 @@ import threading
 import time
 from collections.abc import Callable
 
+from dbcluster.retry import brief
+
 log = logging.getLogger("dbcluster.service")
 
 #: Called at the top of every loop turn; a test's pause gate blocks there (None outside tests).
 Gate = Callable[[], None]
+#: Whether an error is the database's passing trouble (an outage), not a bug to report.
+IsOutage = Callable[[BaseException], bool]
+
+
+def _never(error: BaseException) -> bool:
+    return False
+
+
+def _always() -> bool:
+    return True
+
+
+class Outage:
+    """What one service has seen of a database outage: one WARNING when it begins, one INFO
+    when it ends (see the module doc)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        #: When the service first met the outage (monotonic), or None.
+        self.since: float | None = None
+
+    def began(self, error: BaseException) -> None:
+        if self.since is None:
+            self.since = time.monotonic()
+            log.warning("service %s: database unavailable; retrying (%s)", self.name, brief(error))
+        else:
+            log.debug("service %s: database still unavailable (%s)", self.name, brief(error))
+
+    def ended(self) -> None:
+        if self.since is not None:
+            took = time.monotonic() - self.since
+            self.since = None
+            log.info("service %s: database available again (after %.1f s)", self.name, took)
 
 
 class Service:
@@ -32,9 +72,26 @@ class Service:
         self.on_death: Callable[[Service, BaseException], None] | None = None
         #: When the next turn is due (``time.monotonic()``), None while the body runs.
         self._due: float | None = None
+        #: Which errors are a database outage (the group sets the node's provider's verdict).
+        self.is_outage: IsOutage = _never
+        #: Whether a turn that raised nothing proves the database answers again: not while the
+        #: node has no identity to act under (its services' turns then skip their work).
+        self.has_identity: Callable[[], bool] = _always
+        self.outage = Outage(self.name)
+        self._unavailable_this_turn = False
 
     def run_once(self) -> None:
         raise NotImplementedError
+
+    def unavailable(self, error: BaseException) -> bool:
+        """For a body that handles its own errors: whether ``error`` is a database outage (then
+        logged as one: a WARNING when the outage begins, nothing while it lasts). False for any
+        other error, which the caller reports itself."""
+        if not self.is_outage(error):
+            return False
+        self._unavailable_this_turn = True
+        self.outage.began(error)
+        return True
 
     def wake(self) -> None:
         """Run the body now rather than at the end of the interval."""
@@ -83,10 +140,15 @@ class Service:
                 # Cleared before the body, so a wake-up that arrives while the body runs is kept
                 # for the next turn instead of being lost.
                 self._wake.clear()
+                self._unavailable_this_turn = False
                 try:
                     self.run_once()
-                except Exception:  # noqa: BLE001 - a loop survives its body's failures
-                    log.exception("service %s failed", self.name)
+                except Exception as error:  # noqa: BLE001 - a loop survives its body's failures
+                    if not self.unavailable(error):
+                        log.exception("service %s failed", self.name)
+                else:
+                    if not self._unavailable_this_turn and self.has_identity():
+                        self.outage.ended()
                 self._due = time.monotonic() + self.interval_ms / 1000
                 self._sleep()
                 self._due = None
@@ -108,12 +170,21 @@ class ServiceGroup:
     """A node's services, started in order and stopped in reverse order (the heartbeat, started
     first, stops last)."""
 
-    def __init__(self, on_death: Callable[[Service, BaseException], None] | None = None) -> None:
+    def __init__(
+        self,
+        on_death: Callable[[Service, BaseException], None] | None = None,
+        is_outage: IsOutage | None = None,
+        has_identity: Callable[[], bool] | None = None,
+    ) -> None:
         self.services: list[Service] = []
         self.on_death = on_death
+        self.is_outage = is_outage or _never
+        self.has_identity = has_identity or _always
 
     def add(self, service: Service) -> Service:
         service.on_death = self.on_death
+        service.is_outage = self.is_outage
+        service.has_identity = self.has_identity
         self.services.append(service)
         return service
 

@@ -119,6 +119,8 @@ class StopRequests(Service):
         try:
             stopping = self.store.stopping(ids)
         except Exception as error:  # noqa: BLE001 - the next turn asks again
+            if self.unavailable(error):  # an outage: one WARNING for all of it
+                return
             if not self._warned:
                 log.warning("cannot read stop requests yet: %s", error)
                 self._warned = True

@@ -469,6 +469,8 @@ class QueryProvider(
             return True
         if isinstance(error, DBAPIError):
             return self._is_transient_driver_error(error.orig)
+        if _is_driver_error(error):  # raised where SQLAlchemy does not wrap (a listener's wait)
+            return self._is_transient_driver_error(error)
         return False
 
     def _is_transient_driver_error(self, orig: BaseException | None) -> bool:
@@ -480,6 +482,8 @@ class QueryProvider(
         once clients reach the new primary. A worker does not withdraw over it."""
         if isinstance(error, DBAPIError):
             return self._is_read_only_driver_error(error.orig)
+        if _is_driver_error(error):
+            return self._is_read_only_driver_error(error)
         return False
 
     def _is_read_only_driver_error(self, orig: BaseException | None) -> bool:
@@ -489,6 +493,14 @@ class QueryProvider(
         """One line naming the fix for a connect failure the user must mend outside dbcluster
         (a missing system driver or package, an untrusted certificate); None for the rest."""
         return None
+
+
+def _is_driver_error(error: BaseException) -> bool:
+    """Whether ``error`` is a driver's own exception (PEP 249: every driver's errors derive
+    from a class named ``Error`` of its module), as SQLAlchemy's ``DBAPIError`` wraps them."""
+    return not isinstance(error, DBAPIError) and any(
+        c.__name__ == "Error" and c.__module__ != "builtins" for c in type(error).__mro__
+    )
 
 
 #: Kinds :meth:`QueryProvider.column_type` is asked about.

@@ -25,13 +25,42 @@ from dbcluster.dialects.base import QueryProvider, SessionLimits, StatementPair
 from dbcluster.dialects.pairs import PyformatPair
 from dbcluster.schema import nodes
 
-#: Deadlock (1213), lock wait timeout (1205), server shutdown (1053), the server closed an idle or
-#: killed connection (4031; MariaDB's 1927), a Group Replication conflict rolled the commit back
-#: (3101), and the client's lost or refused connection: 2002 (local socket), 2003 (TCP), 2006
-#: (server gone away), 2013 and 2055 (lost during a query).
 #: The server-status bit of an open transaction (the protocol's SERVER_STATUS_IN_TRANS).
 _SERVER_STATUS_IN_TRANS = 0x0001
-_TRANSIENT_ERRNOS = {1213, 1205, 1053, 4031, 1927, 3101, 2002, 2003, 2006, 2013, 2055}
+#: A Galera node that is not part of the cluster's primary component for now (joining,
+#: resyncing, cut off from the majority, or one that rejoins after a restart) refuses every
+#: statement with 1047 "WSREP has not yet prepared node for application use" (MySQL's
+#: ER_UNKNOWN_COM_ERROR, which a client sending SQL never meets otherwise), and a write in
+#: flight there fails with 1180 (ER_ERROR_DURING_COMMIT: "Error while appending streaming
+#: replication fragment ... Not connected to Primary Component"): both pass once the node is
+#: Synced again, and the session that met them is of no use until then.
+_WSREP_NOT_READY_ERRNOS = {1047, 1180}
+#: Deadlock (1213: also Galera's certification failure, which fails the losing transaction at
+#: COMMIT), lock wait timeout (1205), server shutdown (1053), the server closed an idle or
+#: killed connection (4031; MariaDB's 1927), a Group Replication conflict rolled the commit back
+#: (3101), a Galera node out of its primary component (above), and the client's lost or refused
+#: connection: 2002 (local socket), 2003 (TCP), 2006 (server gone away), 2013 and 2055 (lost
+#: during a query).
+_TRANSIENT_ERRNOS = {
+    1213,
+    1205,
+    1053,
+    4031,
+    1927,
+    3101,
+    *_WSREP_NOT_READY_ERRNOS,
+    2002,
+    2003,
+    2006,
+    2013,
+    2055,
+}
+#: ``wsrep_sync_wait`` of every session on a Galera node: reads (1) and UPDATE/DELETE (2) first
+#: wait until the node has applied every write-set the cluster certified before them, so a
+#: read or a guarded UPDATE that a fencing decision rests on sees the latest commit made on any
+#: node (a row count judged on a lagging node would call a live partition lost, or a lost one
+#: live). INSERTs (4) decide nothing that certification does not already refuse.
+GALERA_SYNC_WAIT = 3
 #: The protocol's CLIENT_MULTI_STATEMENTS capability (PyMySQL's ``client_flag``).
 _MULTI_STATEMENTS = 1 << 16
 #: The drivers whose autocommit connections are opened with it (a statement pair then costs one
@@ -119,13 +148,30 @@ class MySQLProvider(QueryProvider):
     def _idle_engine_options(self, seconds: int) -> dict[str, Any]:
         return {"pool_recycle": max(1, seconds // 2)}
 
+    #: Whether the server is a Galera node (``wsrep_on``), read on the engine's first
+    #: connection; None until then.
+    galera: bool | None = None
+
     def configure_engine(
         self, engine: Engine, *, coordination: bool = False, autocommit: bool = False
     ) -> None:
-        """An autocommit engine's PyMySQL connections are opened with the multi-statement
-        capability (its statements are dbcluster's own, with bound parameters), so a read and a
-        write can share a request (:meth:`read_then_write`)."""
+        """Every session on a Galera node is causal (:meth:`_causal_on_galera`) and one that met
+        a node out of its primary component is dropped; an autocommit engine's PyMySQL
+        connections are opened with the multi-statement capability (its statements are
+        dbcluster's own, with bound parameters), so a read and a write can share a request
+        (:meth:`read_then_write`)."""
         super().configure_engine(engine, coordination=coordination, autocommit=autocommit)
+        event.listen(engine, "connect", self._causal_on_galera)
+
+        @event.listens_for(engine, "handle_error")
+        def _drop_unready_session(context: Any) -> None:
+            # A session on a Galera node out of its primary component is of no use until the
+            # node is Synced again (and its rollback on the way back to the pool fails too):
+            # it is dropped. The pool's other sessions are judged when they are used.
+            if _errno(context.original_exception) in _WSREP_NOT_READY_ERRNOS:
+                context.is_disconnect = True
+                context.invalidate_pool_on_disconnect = False
+
         if not autocommit or engine.dialect.driver not in _PAIRING_DRIVERS:
             return
 
@@ -140,6 +186,21 @@ class MySQLProvider(QueryProvider):
         if dialect.driver not in _PAIRING_DRIVERS:
             return None
         return PyformatPair.build(read, write, dialect)
+
+    def _causal_on_galera(self, dbapi_connection: Any, _record: Any) -> None:
+        """On a Galera node, every session's reads and guarded UPDATEs are causal (see
+        :data:`GALERA_SYNC_WAIT`); elsewhere nothing (one ``SHOW VARIABLES`` on the engine's
+        first connection tells)."""
+        cursor = dbapi_connection.cursor()
+        try:
+            if self.galera is None:
+                cursor.execute("SHOW VARIABLES LIKE 'wsrep_on'")
+                row = cursor.fetchone()
+                self.galera = row is not None and str(row[1]).upper() == "ON"
+            if self.galera:
+                cursor.execute(f"SET SESSION wsrep_sync_wait = {GALERA_SYNC_WAIT}")
+        finally:
+            cursor.close()
 
     def in_transaction(self, dbapi_connection: Any) -> bool | None:
         """From the status flags of the server's last reply (PyMySQL keeps them): PyMySQL sends

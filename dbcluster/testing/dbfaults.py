@@ -184,8 +184,10 @@ class DbFaultRunner:
         )
 
 
-_ERROR_LINE = re.compile(r"^\S+ \S+ (ERROR|CRITICAL) (\S+?):")
-_WARNING_LINE = re.compile(r"^\S+ \S+ WARNING (\S+?):")
+#: A record's first line: the time (``2026-12-03T08:56:43.912Z``, as ``dbcluster.logs`` writes
+#: it, or logging's default ``2026-12-03 08:56:43,912``), the level and the logger.
+_ERROR_LINE = re.compile(r"^\S+(?: \S+)? (ERROR|CRITICAL) (\S+?):")
+_WARNING_LINE = re.compile(r"^\S+(?: \S+)? WARNING (\S+?):")
 _CHAINED = ("The above exception was the direct cause", "During handling of the above exception")
 
 

@@ -187,6 +187,23 @@ def test_the_log_scan_counts_errors_and_each_traceback_once(tmp_path) -> None:
     assert list(found["per_file"]) == ["w0i1.log"]
 
 
+def test_the_log_scan_reads_the_time_format_of_the_commands(tmp_path) -> None:
+    """``dbcluster worker``/``launch`` write one ISO token for the time (dbcluster.logs): its
+    ERROR and WARNING lines count too (the scan once saw none of them)."""
+    log = tmp_path / "w0i1.log"
+    log.write_text(
+        "2026-12-03T12:00:29.253Z ERROR dbcluster.node: node w0 takes no partitions\n"
+        "2026-12-03T12:00:29.274Z WARNING dbcluster.service: service sweep: database "
+        "unavailable; retrying (OperationalError: refused)\n"
+        "2026-12-03T12:00:31.000Z INFO dbcluster.service: service sweep: database available\n"
+    )
+    found = scan_logs([log])
+    assert (found["errors"], found["tracebacks"], found["warnings"]) == (1, 0, 1)
+    assert found["top_errors"] == [
+        {"message": "dbcluster.node: node wN takes no partitions", "count": 1}
+    ]
+
+
 def test_first_execution_names_failed_executions_and_repeated_launches() -> None:
     assert first_execution_check({"a": {"executions": ["COMPLETED"], "relaunches": 0}}) == []
     found = first_execution_check(

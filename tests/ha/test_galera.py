@@ -84,20 +84,10 @@ def test_a_galera_node_killed_and_rejoined_keeps_every_invariant(kill_run: dict)
     assert violated(kill_run, CLASSIC) == {}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 34: the nodes on the killed Galera server log ERROR lines with tracebacks "
-    "(service sweep/poll/stranded failed) where one WARNING is due, and launches bound to it "
-    "fail (exit 2) and are repeated (observed in every run)",
-)
 def test_a_galera_node_kill_goes_unnoticed(kill_run: dict) -> None:
-    """Every enforced line of the report, quiet logs and first executions included.
-
-    No job failing is part of it, and not a test of its own (as it is for a switchover): in 1
-    of 3 runs here a partition's final write met 1047 "WSREP has not yet prepared node for
-    application use" from the rejoining node, which the provider does not call transient, and
-    its job failed (issue 34, Galera rules); in 2 it held. A strict xfail of a failure seen one
-    time in three would fail the other two."""
+    """Every enforced line of the report, quiet logs and first executions included (before
+    issue 34's Galera rules, a partition's final write met 1047 "WSREP has not yet prepared
+    node for application use" from the rejoining node in 1 of 3 runs, and its job failed)."""
     assert kill_run["invariants"]["quiet_logs"]["enforced"]
     assert kill_run["ok"], (
         violated(kill_run, ["first_execution", "quiet_logs"]),
@@ -111,3 +101,20 @@ def test_a_galera_node_kill_mixed_with_node_faults_keeps_the_usual_invariants(
     assert "galera-kill" in mixed_run["faults_by_kind"]
     assert not mixed_run["db_fault_commands_failed"]
     assert violated(mixed_run, CLASSIC) == {}
+
+
+def test_every_session_on_a_galera_node_reads_causally(galera: dict[str, str]) -> None:
+    """The provider tells a Galera node (``wsrep_on``) and makes each session's reads and
+    guarded UPDATEs wait for every write-set certified before them (issue 34)."""
+    from sqlalchemy import text
+
+    from dbcluster.dialects import get_provider, make_engine
+    from dbcluster.dialects.mysql import GALERA_SYNC_WAIT
+
+    engine = make_engine(galera["HA_GALERA_URL_3"])
+    try:
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT @@wsrep_sync_wait")).scalar_one() == GALERA_SYNC_WAIT
+        assert get_provider(engine).galera is True
+    finally:
+        engine.dispose()

@@ -71,13 +71,6 @@ def test_no_job_fails_because_of_a_switchover(switchover_run: dict) -> None:
     assert failed_executions(switchover_run) == {}, switchover_run["restart_causes"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 34: an outage of seconds logs ERROR lines with tracebacks (service sweep/poll/"
-    "stranded/restarter failed) where one WARNING is due, and a launch that meets it fails "
-    "(exit 2 or 1) and must be repeated (observed in every restart, crash and 2-4 s switchover "
-    "run; a switchover of 0.4 s went unnoticed once)",
-)
 def test_a_switchover_goes_unnoticed(switchover_run: dict) -> None:
     """Every enforced line of the report: the classic invariants, every job COMPLETED in its
     first execution and launched once, and no ERROR line or traceback in any node's log."""

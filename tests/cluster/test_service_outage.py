@@ -1,0 +1,195 @@
+"""A database outage in a node's service logs: one WARNING when it begins, one INFO when it ends,
+no traceback; any other failure of a body stays an ERROR with its traceback (issue 34)."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+
+import pytest
+from sqlalchemy import text
+
+from dbcluster.cluster.membership import Heartbeat, Membership
+from dbcluster.cluster.patience import is_passing
+from dbcluster.cluster.service import Service, ServiceGroup
+from dbcluster.cluster.settings import ClusterSettings
+from dbcluster.dialects import get_provider, make_engine
+from dbcluster.testing.harness import wait_until
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _outage_error() -> Exception:
+    """What a statement raises while PostgreSQL is down (a refused connect), as SQLAlchemy
+    wraps it, and the provider that judges it."""
+    engine = make_engine(f"postgresql+psycopg://u@127.0.0.1:{_closed_port()}/none")
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except Exception as error:  # noqa: BLE001 - the sample
+        return error
+    finally:
+        engine.dispose()
+    raise AssertionError("a connect to a closed port succeeded")
+
+
+class Scripted(Service):
+    """Raises the errors of ``script`` one turn each, then succeeds."""
+
+    name = "scripted"
+
+    def __init__(self, script: list[BaseException | None]) -> None:
+        super().__init__(1)
+        self.script = list(script)
+        self.turns = 0
+        self.done = threading.Event()
+
+    def run_once(self) -> None:
+        self.turns += 1
+        if not self.script:
+            self.done.set()
+            return
+        error = self.script.pop(0)
+        if error is not None:
+            raise error
+
+
+def _run(service: Service, is_outage, has_identity=None) -> None:
+    group = ServiceGroup(is_outage=is_outage, has_identity=has_identity)
+    group.add(service)
+    group.start()
+    try:
+        wait_until(service.done.is_set, 10, "the script to end")
+    finally:
+        group.stop()
+
+
+def _records(caplog: pytest.LogCaptureFixture) -> list[tuple[str, str, bool]]:
+    return [
+        (r.levelname, r.getMessage(), r.exc_info is not None)
+        for r in caplog.records
+        if r.name == "dbcluster.service"
+    ]
+
+
+def test_an_outage_logs_one_warning_then_one_info(caplog: pytest.LogCaptureFixture) -> None:
+    error = _outage_error()
+    provider = get_provider(make_engine("postgresql+psycopg://u@127.0.0.1/none"))
+    caplog.set_level(logging.DEBUG, logger="dbcluster.service")
+    service = Scripted([error, error, error, None, error, None])
+    _run(service, lambda e: is_passing(provider, e))
+    records = [r for r in _records(caplog) if r[0] != "DEBUG"]
+    # Two outages: each one WARNING when it begins and one INFO when a turn works again.
+    assert [level for level, _, _ in records] == ["WARNING", "INFO", "WARNING", "INFO"]
+    warning = records[0][1]
+    assert warning.startswith("service scripted: database unavailable; retrying (")
+    assert "OperationalError" in warning and "\n" not in warning and "[SQL" not in warning
+    assert records[1][1].startswith("service scripted: database available again")
+    assert not any(traced for _, _, traced in records)
+
+
+def test_a_turn_that_skipped_its_work_does_not_end_the_outage(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """While the node has no identity to act under, its services' turns skip their work: such a
+    turn says nothing of the database, and the outage goes on (one WARNING, one INFO)."""
+    error = _outage_error()
+    provider = get_provider(make_engine("postgresql+psycopg://u@127.0.0.1/none"))
+    caplog.set_level(logging.INFO, logger="dbcluster.service")
+    service = Scripted([error, None, None, error, None])
+    # Acting again only from the 5th turn on: turns 2 and 3 skipped their work.
+    _run(service, lambda e: is_passing(provider, e), has_identity=lambda: service.turns >= 5)
+    assert [level for level, _, _ in _records(caplog)] == ["WARNING", "INFO"]
+
+
+def test_any_other_failure_is_an_error_with_its_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="dbcluster.service")
+    _run(Scripted([KeyError("a bug")]), lambda e: False)
+    assert _records(caplog) == [("ERROR", "service scripted failed", True)]
+
+
+def test_a_heartbeat_through_an_outage_warns_once(caplog: pytest.LogCaptureFixture) -> None:
+    """The heartbeat handles its own errors (it judges how long it has been silent): an outage
+    still costs one WARNING, not one per beat."""
+    error = _outage_error()
+    provider = get_provider(make_engine("postgresql+psycopg://u@127.0.0.1/none"))
+    settings = ClusterSettings(
+        heartbeat_interval=10, unreachable_threshold=60_000, cleanup_threshold=120_000
+    )
+    membership = Membership(settings, _NoEvents())  # type: ignore[arg-type]
+    membership.joined("n1", 1)
+    beats = {"n": 0}
+
+    class Store:
+        def heartbeat(self, node_id: str, load: int) -> bool:
+            beats["n"] += 1
+            if beats["n"] <= 5:
+                raise error
+            return True
+
+    heartbeat = Heartbeat(membership, Store(), lambda: 0, lambda: None)  # type: ignore[arg-type]
+    caplog.set_level(logging.INFO)
+    group = ServiceGroup(is_outage=lambda e: is_passing(provider, e))
+    group.add(heartbeat)
+    group.start()
+    try:
+        wait_until(lambda: beats["n"] >= 7, 10, "the heartbeat to beat again")
+    finally:
+        group.stop()
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records if r.levelno >= logging.INFO]
+    lines = [line for line in lines if "joined" not in line[1]]
+    assert [level for level, _ in lines] == ["WARNING", "INFO"], lines
+    assert "service heartbeat: database unavailable" in lines[0][1]
+
+
+class _NoEvents:
+    def __getattr__(self, name: str):
+        return lambda *args, **kwargs: None
+
+
+def test_a_repeated_statement_says_so_once_at_info(caplog: pytest.LogCaptureFixture) -> None:
+    """The default retry log: its first repetition is one INFO line (the driver's error, without
+    SQLAlchemy's SQL text), the next ones DEBUG."""
+    from dbcluster.retry import Retry
+
+    error = _outage_error()
+    tries = {"n": 0}
+
+    def work() -> str:
+        tries["n"] += 1
+        if tries["n"] < 4:
+            raise error
+        return "done"
+
+    caplog.set_level(logging.DEBUG, logger="dbcluster.retry")
+    retry = Retry(lambda e: True, attempts=5, sleep=lambda s: None)
+    assert retry.call(work, "poll") == "done"
+    levels = [r.levelname for r in caplog.records if r.name == "dbcluster.retry"]
+    assert levels == ["INFO", "DEBUG", "DEBUG"]
+    first = caplog.records[0].getMessage()
+    assert first.startswith("transient error in poll (attempt 1): OperationalError: ")
+    assert "\n" not in first and "[SQL" not in first
+
+
+def test_a_node_waits_an_outage_out_for_as_long_as_it_may_act(tmp_path) -> None:
+    """A node's step and job transactions repeat a database outage's errors until the node is
+    fenced (``give_up``), at the latest ``cleanup_threshold``, with no count of tries: 50 tries
+    with pauses capped at the heartbeat interval ran out in about 10 s, before the node fenced
+    itself, and a chunk that an outage that long interrupted failed its partition (and a
+    non-transferable one its job)."""
+    from dbcluster.cluster.node import Node
+
+    settings = ClusterSettings(
+        heartbeat_interval=200, unreachable_threshold=10_000, cleanup_threshold=20_000
+    )
+    node = Node(make_engine(f"sqlite:///{tmp_path / 'n.db'}"), None, settings, capacity=0)
+    policy = node.repository.transactions.policy
+    assert policy.attempts is None
+    assert policy.deadline_s == 20.0
