@@ -7,7 +7,9 @@ issues the real coordination statements through
 :class:`~dbcluster.cluster.store.CoordinationStore` at a node's cadence: ``register`` once, then
 the heartbeat and the idle poll (in one round trip where the database can: a node's heartbeat
 carries its poll, and its poll the heartbeat, where they coincide), and the maintenance (sweeps,
-stranded-master scans) on every node or on one, the lease holder (``ceiling_maintenance``).
+stranded-master scans) on one node, the lease holder, while the others read the leases (in
+their heartbeat's round trip where the database can), or on every node
+(``ceiling_maintenance``).
 
 Statements per second at the database come from the server's own counters (see
 :mod:`dbcluster.bench.server`), beside the same counters over a background window with no
@@ -100,8 +102,9 @@ def _run_group(
 ) -> dict[str, Any]:
     engine = make_engine(url)
     try:
-        maintaining = Cadence.of(settings, engine, maintains=True, listening=listening)
-        idle = Cadence.of(settings, engine, maintains=False, listening=listening)
+        leased = maintenance == "one"
+        maintaining = Cadence.of(settings, engine, True, listening, leased)
+        idle = Cadence.of(settings, engine, False, listening, leased)
     finally:
         engine.dispose()
     # The lease holder is node 0 (of the first process) where one node maintains for all.
@@ -141,6 +144,7 @@ def _run_group(
             "heartbeat_ms": idle.heartbeat_ms,
             "poll_ms": idle.poll_ms,
             "heartbeat_and_poll_in_one_round_trip": idle.together,
+            "lease_read_in_heartbeat": idle.carries_leases,
         },
     }
 
@@ -332,6 +336,8 @@ def _run_nodes(
         "poll_ms": _latencies(in_window.get("poll", [])),
         "sweep_ms": _latencies(in_window.get("sweep", [])),
         "stranded_scan_ms": _latencies(in_window.get("stranded_scan", [])),
+        "lease_renew_ms": _latencies(in_window.get("renew", [])),
+        "lease_read_ms": _latencies(in_window.get("lease_read", [])),
         "missed_intervals": {
             "rule": f"a call later than its interval by more than {round(_LATE * 100)}%",
             **late,

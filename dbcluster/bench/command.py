@@ -96,9 +96,11 @@ def _counts(option: str, value: str, example: str) -> tuple[int, ...]:
 @click.option(
     "--ceiling-maintenance",
     type=click.Choice(["every", "one"]),
-    default="every",
+    default="one",
     show_default=True,
-    help="ceiling: every node sweeps and scans for stranded masters, or one (the lease holder).",
+    help="ceiling: one node (the lease holder) sweeps and scans for stranded masters, the "
+    "others read the leases as a node that holds none does; or every node maintains (as "
+    "before leased maintenance).",
 )
 @click.option(
     "--ceiling-listening/--no-ceiling-listening",

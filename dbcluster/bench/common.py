@@ -47,8 +47,8 @@ class Params:
     ceiling_processes: int = field(default_factory=lambda: os.cpu_count() or 1)
     #: Threads of each load-generator process that run its nodes' calls.
     ceiling_threads: int = 64
-    #: ``every`` node sweeps and scans for stranded masters, or ``one`` (the lease holder).
-    ceiling_maintenance: str = "every"
+    #: ``one`` node (the lease holder) sweeps and scans for stranded masters, or ``every``.
+    ceiling_maintenance: str = "one"
     #: Whether simulated nodes' wake-ups arrive (where the database has them): they then poll
     #: every ``wakeup_poll_interval`` (their heartbeats carrying a poll each); else every
     #: ``task_polling_interval`` (a node behind a pooler without ``listen_url``).

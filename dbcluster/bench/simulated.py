@@ -8,7 +8,10 @@ where the database sends both in one round trip; the poll every ``task_polling_i
 every ``wakeup_poll_interval`` where wake-ups arrive (PostgreSQL: the nodes are taken to listen
 healthily; their listening connections are not opened), carrying the heartbeat when that is due
 before the next poll; and the maintenance (sweeps, stranded-master scans) on every node or on one
-(the lease holder's, node 0 of the first process).
+(the lease holder's, node 0 of the first process). Where one node maintains, the others do what
+a real node that holds no lease does: they read the leases, in their heartbeat's round trip
+where the database sends them together (``CoordinationStore.beat_reading_leases``), else every
+``sweep_interval`` on their own; the holder renews its lease every ``heartbeat_interval``.
 
 A :class:`Scheduler` runs the due work of every node of the process on a fixed pool of threads
 (``threads``), one call of a node at a time, from a heap of due times: a thousand nodes cost a
@@ -32,6 +35,7 @@ from typing import Any
 
 from sqlalchemy import Engine, event
 
+from dbcluster.cluster.maintenance.leases import SWEEP
 from dbcluster.cluster.settings import ClusterSettings
 from dbcluster.cluster.store import CoordinationStore
 from dbcluster.cluster.worker import CARRY_MARGIN_S
@@ -52,15 +56,26 @@ class Cadence:
     poll_ms: int
     #: A heartbeat and a poll go as one round trip (``CoordinationStore.beat_and_poll``).
     together: bool
-    #: The node's maintenance: (name, interval) of each.
+    #: The node's maintenance: (name, interval) of each (``renew``: the holder renews its
+    #: lease; ``lease_read``: a node that holds none reads the leases on its own).
     maintenance: tuple[tuple[str, int], ...]
+    #: The heartbeat carries the lease read (a node that holds no lease, where the database
+    #: sends them together: ``CoordinationStore.beat_reading_leases``).
+    carries_leases: bool = False
 
     @classmethod
     def of(
-        cls, settings: ClusterSettings, engine: Engine, maintains: bool, listening: bool = True
+        cls,
+        settings: ClusterSettings,
+        engine: Engine,
+        maintains: bool,
+        listening: bool = True,
+        leased: bool = False,
     ) -> Cadence:
         """A node's cadence on ``engine``'s database (``maintains``: it sweeps and scans;
-        ``listening``: its wake-ups arrive, where the database has them)."""
+        ``listening``: its wake-ups arrive, where the database has them; ``leased``: one node
+        maintains for all, under the lease, which this one holds when it ``maintains`` and
+        otherwise looks for lapsed)."""
         provider = get_provider(engine)
         listening = listening and provider.supports_listen_notify
         poll_ms = settings.task_polling_interval
@@ -76,7 +91,7 @@ class Cadence:
             )
             is not None
         )
-        maintenance = (
+        maintenance: tuple[tuple[str, int], ...] = (
             (
                 ("sweep", settings.sweep_interval),
                 ("stranded_scan", settings.stranded_master_scan_interval),
@@ -84,7 +99,27 @@ class Cadence:
             if maintains
             else ()
         )
-        return cls(settings.heartbeat_interval, poll_ms, bool(together), maintenance)
+        carries = False
+        if leased and maintains:
+            maintenance += (("renew", settings.heartbeat_interval),)
+        elif leased:
+            carries = provider.supports_autocommit and _carries_leases(provider, engine)
+            if not carries:
+                maintenance = (("lease_read", settings.sweep_interval),)
+        return cls(settings.heartbeat_interval, poll_ms, bool(together), maintenance, carries)
+
+
+def _carries_leases(provider: Any, engine: Engine) -> bool:
+    """Whether a heartbeat can carry the lease read (and the poll) on this database."""
+    for limit in (None, 1):
+        read = provider.poll_and_leases("n", limit, None, 1, 1)
+        if provider.heartbeat_and_read("n", 0, read) is not None:
+            continue
+        if not provider.supports_statement_pairs:
+            return False
+        if provider.read_then_write(read, provider.heartbeat("n", 0), engine.dialect) is None:
+            return False
+    return True
 
 
 @dataclass
@@ -131,7 +166,17 @@ class SimulatedNode:
         self.store = CoordinationStore(coordination, autocommit=auto)
         self.cadence = cadence
         self._register()
+        if any(name == "renew" for name, _ in cadence.maintenance):
+            self._take_lease()
         self.joined = True
+
+    def _take_lease(self) -> None:
+        """The holder takes the sweep lease (lapsed, or never taken) before the nodes start."""
+        assert self.store is not None
+        term = self.settings.unreachable_threshold
+        row = self.store.leases(term).get(SWEEP)
+        if row is None or row.lapsed:
+            self.store.take_lease(SWEEP, self.node_id, term, exists=row is not None)
 
     def _engine(self, **options: Any) -> Engine:
         engine = make_engine(self.url, coordination=True, **options)
@@ -178,7 +223,19 @@ class SimulatedNode:
                 margin = min(c.poll_ms / 2000, CARRY_MARGIN_S)
                 if self.due["heartbeat"] - started <= c.poll_ms / 1000 + margin:
                     together = ("poll", "heartbeat")  # the poll carries the heartbeat
-            if len(together) == 2:
+            if "heartbeat" in together and c.carries_leases:
+                carried = self.store.beat_reading_leases(
+                    self.node_id,
+                    0,
+                    2 * s.concurrency_limit if len(together) == 2 else None,
+                    s.unreachable_threshold,
+                    steal_after_ms=s.work_stealing_delay,
+                    unreachable_ms=s.unreachable_threshold,
+                )
+                assert carried is not None
+                if not carried[0]:
+                    self._fenced()
+            elif len(together) == 2:
                 both = self.store.beat_and_poll(
                     self.node_id,
                     0,
@@ -203,6 +260,10 @@ class SimulatedNode:
                 self.store.sweep(s.unreachable_threshold, s.cleanup_threshold)
             elif name == "stranded_scan":
                 self.store.stranded_jobs()
+            elif name == "renew":
+                self.store.renew_leases([SWEEP], self.node_id, s.unreachable_threshold)
+            elif name == "lease_read":
+                self.store.leases(s.unreachable_threshold)
         except Exception as exc:  # noqa: BLE001 - counted and reported, the node goes on
             self.errors.append(f"{name}: {type(exc).__name__}: {exc}".splitlines()[0])
         ended = time.monotonic()

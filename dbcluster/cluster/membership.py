@@ -16,8 +16,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
-from typing import Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 from dbcluster.cluster.events import ClusterEvents
 from dbcluster.cluster.identity import Identity
@@ -144,6 +144,18 @@ class PollRider(Protocol):
         """What that poll found (step and job execution ids), just now."""
 
 
+class LeaseRider(Protocol):
+    """The lease service's look for a lapsed lease, as the heartbeat carries it in its round
+    trip where the database can send the two together (see :meth:`Heartbeat.beat`)."""
+
+    def lease_term_to_read(self, node_id: str) -> int | None:
+        """The term (ms) to judge the leases by, while the node under ``node_id`` wants a
+        lease it does not hold; else None (nothing to read)."""
+
+    def leases_seen(self, node_id: str, rows: Mapping[str, Any]) -> None:
+        """What that read found (lease name -> ``LeaseRow``), just now."""
+
+
 class Heartbeat(Service):
     """Every ``heartbeat_interval``: one statement that says the current identity is alive and
     how loaded the node is; a fenced (or not yet joined) node rejoins instead.
@@ -170,6 +182,8 @@ class Heartbeat(Service):
         self.rejoin = rejoin
         #: The worker's idle poll, carried where the two coincide (None: never).
         self.poll: PollRider | None = None
+        #: The leases' look for a lapsed one, carried where the database can (None: never).
+        self.leases: LeaseRider | None = None
 
     def run_once(self) -> None:
         self.beat()
@@ -190,34 +204,62 @@ class Heartbeat(Service):
         self.postpone()
 
     def _beat(self, identity: Identity) -> bool:
-        """One heartbeat of ``identity``, carrying the worker's poll while it is idle, where the
-        database can do both in one statement."""
+        """One heartbeat of ``identity``, carrying the worker's poll while it is idle and the
+        leases' read while the node wants one it does not hold, where the database can send
+        them in one round trip."""
+        node_id = identity.node_id
         load = self.load()
         rider = self.poll
-        limit = None
+        limit: int | None = None
         if rider is not None:
             try:
-                limit = rider.poll_to_carry(identity.node_id)
+                limit = rider.poll_to_carry(node_id)
             except Exception as exc:  # noqa: BLE001 - the worker's trouble: beat alone
-                log.debug("node %s beats without its poll: %s", identity.node_id, exc)
-        if rider is not None and limit is not None:
-            s = self.membership.settings
-            both = self.store.beat_and_poll(
-                identity.node_id,
+                log.debug("node %s beats without its poll: %s", node_id, exc)
+        both = self.send_with_poll(node_id, load, limit)
+        if both is None:
+            return self.store.heartbeat(node_id, load)
+        alive, found = both
+        if alive and rider is not None and limit is not None:
+            try:
+                rider.carried_poll(node_id, found)
+            except Exception as exc:  # noqa: BLE001 - the worker polls on its own
+                log.debug("node %s: a carried poll was dropped: %s", node_id, exc)
+        return alive
+
+    def send_with_poll(
+        self, node_id: str, load: int, limit: int | None
+    ) -> tuple[bool, list[tuple[int, int]]] | None:
+        """A heartbeat under ``node_id`` with a poll for ``limit`` partitions (none when None)
+        and, while the node wants a lease it does not hold, the leases' read (handed to
+        :attr:`leases`), in one round trip: (whether the node's row was there, what the poll
+        found). None where the database cannot send them together (nothing was sent)."""
+        s = self.membership.settings
+        leases = self.leases
+        term_ms = None if leases is None else leases.lease_term_to_read(node_id)
+        if leases is not None and term_ms is not None:
+            all_three = self.store.beat_reading_leases(
+                node_id,
                 load,
                 limit,
+                term_ms,
                 steal_after_ms=s.work_stealing_delay,
                 unreachable_ms=s.unreachable_threshold,
             )
-            if both is not None:
-                alive, found = both
+            if all_three is not None:
+                alive, found, rows = all_three
                 if alive:
-                    try:
-                        rider.carried_poll(identity.node_id, found)
-                    except Exception as exc:  # noqa: BLE001 - the worker polls on its own
-                        log.debug("node %s: a carried poll was dropped: %s", identity.node_id, exc)
-                return alive
-        return self.store.heartbeat(identity.node_id, load)
+                    leases.leases_seen(node_id, rows)
+                return alive, found
+        if limit is None:
+            return None
+        return self.store.beat_and_poll(
+            node_id,
+            load,
+            limit,
+            steal_after_ms=s.work_stealing_delay,
+            unreachable_ms=s.unreachable_threshold,
+        )
 
     def beat(self) -> None:
         membership = self.membership

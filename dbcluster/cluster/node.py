@@ -295,6 +295,8 @@ class Node:
         # Started before the leased services and stopped after them (it gives its leases up).
         leases = self.leases
         self.services.add(leases)
+        # Where the database can, the heartbeat carries the look for a lapsed lease.
+        heartbeat.leases = leases
         sweeper = Sweeper(self.store, s, self.events, leases.acting(SWEEP), self.launches)
         leases.want(SWEEP, sweeper.wake)
         self.services.add(sweeper)

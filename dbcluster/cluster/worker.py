@@ -57,6 +57,12 @@ class BeatCarrier(Protocol):
     def carried(self, identity: Identity, alive: bool, began: float) -> None:
         """A poll carried a heartbeat of ``identity`` that began at ``began``."""
 
+    def send_with_poll(
+        self, node_id: str, load: int, limit: int | None
+    ) -> tuple[bool, list[tuple[int, int]]] | None:
+        """The heartbeat with the poll (and what else it carries) in one round trip: (whether
+        the node's row was there, what the poll found); None where it cannot (nothing sent)."""
+
 
 class Worker(Service):
     """The node's poller (this service) and its partition executor (``capacity`` threads
@@ -323,13 +329,7 @@ class Worker(Service):
         interval_s = self.interval_ms / 1000
         if beat is not None and beat.due_within(interval_s + min(interval_s / 2, CARRY_MARGIN_S)):
             began = time.monotonic()
-            both = self.store.beat_and_poll(
-                identity.node_id,
-                self.load,
-                limit,
-                steal_after_ms=s.work_stealing_delay,
-                unreachable_ms=s.unreachable_threshold,
-            )
+            both = beat.send_with_poll(identity.node_id, self.load, limit)
             if both is not None:
                 alive, found = both
                 beat.carried(identity, alive, began)  # fences the identity when not alive

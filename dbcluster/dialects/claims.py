@@ -83,6 +83,15 @@ class ClaimStatements(StatementFamily):
         changed (0: the node was removed and must fence). None: two statements."""
         return None
 
+    def heartbeat_and_read(self, node_id: Any, load: Any, read: Any) -> Select[Any] | None:
+        """A node's heartbeat (:meth:`heartbeat`) beside a read (``read``: a SELECT, or a UNION
+        of SELECTs, such as ``poll_and_leases``) in one statement that commits on its own,
+        where the database can write in a read (PostgreSQL: a data-modifying CTE): one row per
+        row of ``read``, or one whose ``read`` columns are NULL when it has none; each row's
+        first column ``alive`` counts the node rows the heartbeat changed (0: the node was
+        removed and must fence). None: two statements."""
+        return None
+
     def lock_claimable(self, step_execution_ids: Any, table: Any = partitions) -> Select[Any]:
         """In a claim's transaction: those of the polled partitions still PENDING, locked where
         the database can skip rows another claimer holds (SKIP LOCKED); elsewhere a plain read,

@@ -12,20 +12,25 @@ and the others, judging the row again once its lock is free, find it held.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
     ColumnElement,
+    CompoundSelect,
     Delete,
     Insert,
+    Integer,
     Select,
     Update,
     case,
+    cast,
     delete,
     exists,
     insert,
+    null,
     or_,
     select,
+    union_all,
     update,
 )
 
@@ -36,6 +41,12 @@ from dbcluster.dialects.family import StatementFamily
 class LeaseStatements(StatementFamily):
     """The leases' statements. ``name`` and ``holder`` are text or bound parameters (a store
     builds the hot ones once)."""
+
+    if TYPE_CHECKING:
+
+        def select_claimable(
+            self, node_id: Any, limit: int, steal_after_ms: int | None, unreachable_ms: int
+        ) -> Select[Any]: ...
 
     def take_lease(self, name: Any, holder: Any, term_ms: int) -> Update:
         """Take or renew the lease ``name``: it changes the row when ``holder`` holds it, or its
@@ -64,6 +75,43 @@ class LeaseStatements(StatementFamily):
         leases = schema.leases
         lapsed = case((self._lapsed(term_ms), 1), else_=0)
         return select(leases.c.lease_name, leases.c.holder, lapsed.label("lapsed"))
+
+    def poll_and_leases(
+        self,
+        node_id: Any,
+        limit: int | None,
+        steal_after_ms: int | None,
+        unreachable_ms: int,
+        term_ms: int,
+    ) -> Select[Any] | CompoundSelect:
+        """:meth:`select_leases` beside the idle poll (``select_claimable``; none when
+        ``limit`` is None) as one read: what a heartbeat carries for a node that holds none of
+        its leases, so that its look for a lapsed one costs no round trip of its own. Each row
+        is ``(step_execution_id, job_execution_id, lease_name, holder, lapsed)``: a partition
+        found (the lease's columns NULL) or a lease (the poll's columns NULL)."""
+        leases, partitions = schema.leases, schema.partitions
+        read = self.select_leases(term_ms).subquery("dbc_leases")
+        ids = partitions.c.step_execution_id.type, partitions.c.job_execution_id.type
+        lease_rows = select(
+            cast(null(), ids[0]).label("step_execution_id"),
+            cast(null(), ids[1]).label("job_execution_id"),
+            read.c.lease_name,
+            read.c.holder,
+            read.c.lapsed,
+        )
+        if limit is None:
+            return lease_rows
+        found = self.select_claimable(node_id, limit, steal_after_ms, unreachable_ms).subquery(
+            "dbc_poll"
+        )
+        poll_rows = select(
+            found.c.step_execution_id,
+            found.c.job_execution_id,
+            cast(null(), leases.c.lease_name.type).label("lease_name"),
+            cast(null(), leases.c.holder.type).label("holder"),
+            cast(null(), Integer).label("lapsed"),
+        )
+        return union_all(poll_rows, lease_rows)
 
     def renew_leases(self, names: Any, holder: Any, term_ms: int) -> Update:
         """The holder renews its leases ``names`` (a list, or an expanding bound parameter) in

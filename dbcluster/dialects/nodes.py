@@ -17,7 +17,13 @@ from sqlalchemy.exc import IntegrityError
 
 from dbcluster.dialects.family import StatementFamily
 from dbcluster.schema import nodes, partitions
-from dbcluster.states import NODE_ACTIVE, NODE_REMOVING, NODE_UNREACHABLE, PARTITION_CLAIMED
+from dbcluster.states import (
+    NODE_ACTIVE,
+    NODE_REMOVING,
+    NODE_UNREACHABLE,
+    PARTITION_CLAIMED,
+    PARTITION_PENDING,
+)
 
 
 class NodeStatements(StatementFamily):
@@ -93,6 +99,20 @@ class NodeStatements(StatementFamily):
                         self.older_than(nodes.c.last_heartbeat, cleanup_ms),
                     ),
                 )
+            )
+            .limit(1)
+        )
+
+    def select_pending_of(self, status: str) -> Select[Any]:
+        """Whether a sweep made work claimable by others: a PENDING partition placed on a node
+        in ``status`` (UNREACHABLE: marked just now; REMOVING: being removed), which the live
+        nodes' polls may take at once (see ``select_claimable``). One row at most."""
+        silent = select(nodes.c.node_id).where(nodes.c.status == status)
+        return (
+            select(partitions.c.step_execution_id)
+            .where(
+                partitions.c.assigned_node.in_(silent.scalar_subquery()),
+                partitions.c.status == PARTITION_PENDING,
             )
             .limit(1)
         )

@@ -151,6 +151,17 @@ class WritableCTEProvider(QueryProvider):
             .order_by(found.c.step_execution_id)
         )
 
+    def heartbeat_and_read(self, node_id: Any, load: Any, read: Any) -> Select[Any] | None:
+        """The heartbeat as a data-modifying CTE beside ``read``: one statement, one round trip
+        (``read`` sees the rows as they were before the heartbeat)."""
+        if not self.supports_writable_cte:
+            return None
+        beat = self.heartbeat(node_id, load).returning(nodes.c.node_id).cte("dbc_beat")
+        found = read.subquery("dbc_read")
+        alive = select(func.count()).select_from(beat).scalar_subquery().label("alive")
+        one = select(literal_column("1").label("one")).subquery("dbc_one")
+        return select(alive, *found.c).select_from(one.outerjoin(found, true()))
+
     def claim_and_start(
         self, node_id: Any, step_execution_ids: Any, started_at: Any, load: Any
     ) -> Select[Any] | None:

@@ -153,11 +153,15 @@ def test_bench_idle_on_postgresql_costs_less_than_its_baseline() -> None:
     baseline = report["baseline"]
     # Heartbeat every 0.5 s, poll every 0.1 s: 12 round trips a second.
     assert baseline["round_trips_per_s"] >= 10, baseline
-    for n in (1, 2):
-        figures = report[f"nodes_{n}"]
-        # Its heartbeats (2 a second, each carrying a poll) and its maintenance (a sweep check
-        # and a stranded-master scan a second): well under the baseline.
-        assert figures["round_trips_per_s_per_node"] < baseline["round_trips_per_s"] / 2, figures
+    # A lone node holds the maintenance leases: its heartbeats (2 a second, each carrying a
+    # poll), its lease renewals (2 a second) and its maintenance (a sweep check, a
+    # stranded-master scan and a restart scan a second): about 7, well under the baseline.
+    alone = report["nodes_1"]
+    assert alone["round_trips_per_s_per_node"] < baseline["round_trips_per_s"] * 0.75, alone
+    # Of two, the other holds no lease: its heartbeats carry its polls and its look for a
+    # lapsed lease (2 a second), which halves the average.
+    two = report["nodes_2"]
+    assert two["round_trips_per_s_per_node"] < baseline["round_trips_per_s"] / 2, two
 
 
 def test_bench_rejects_an_unknown_scenario() -> None:

@@ -7,18 +7,22 @@ heartbeats, both at once) and waits on conditions with deadlines."""
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from sqlalchemy import event, text
+from sqlalchemy import event, select, text
 
+from dbcluster.cluster.maintenance.leases import SWEEP
 from dbcluster.cluster.notifier import Notifier
-from dbcluster.testing.app import FAST_SETTINGS
+from dbcluster.schema import partitions
+from dbcluster.testing.app import FAST_SETTINGS, TIME_SCALE
 from dbcluster.testing.backends import Backend
-from dbcluster.testing.waiting import wait_for
+from dbcluster.testing.control import hold_services
+from dbcluster.testing.waiting import in_thread, wait_for
 
 #: Heartbeats every 100 ms, polls every 50 ms without wake-ups, every minute with them.
 SETTINGS = FAST_SETTINGS.with_overrides(
@@ -154,3 +158,77 @@ def test_an_idle_nodes_heartbeats_ride_on_its_polls(backend: Backend, make_clust
     assert counts["heartbeat"] <= 1, counts
     assert counts["poll"] > 0, counts  # the polls between heartbeats
     assert not worker.node.is_fenced
+
+
+def _partitions(backend: Backend) -> list[Any]:
+    with backend.engine.connect() as conn:
+        return conn.execute(select(partitions)).all()
+
+
+@pytest.mark.backends("postgresql")
+def test_a_dead_nodes_unstarted_partitions_are_claimed_within_the_unreachable_threshold(
+    backend: Backend, make_cluster: Any
+) -> None:
+    """With wake-ups healthy (idle polls a minute apart), a node that dies holding placed,
+    unclaimed partitions: the sweep that marks it UNREACHABLE wakes the survivors, which claim
+    them within ``unreachable_threshold + task_polling_interval`` (and a sweep interval), not
+    at the survivor's next heartbeat (which carries its idle poll)."""
+    base = SETTINGS.with_overrides(
+        unreachable_threshold=3000,
+        cleanup_threshold=60_000,
+        sweep_interval=200,
+        task_polling_interval=100,
+        work_stealing_delay=600_000,  # no stealing from a live node: only from the dead one
+    )
+    # The sweep lease's holder, which runs no partitions.
+    sweeper = make_cluster(base.with_overrides(concurrency_limit=0))
+    wait_for(lambda: sweeper.node.leases.holding(SWEEP) is not None, what="the sweep lease")
+    # Its heartbeat (which carries its idle poll) every 2.8 s: just inside the threshold.
+    survivor = make_cluster(base.with_overrides(heartbeat_interval=2800))
+    victim = make_cluster(base.with_overrides(concurrency_limit=1))
+    wait_for(lambda: _notifier(survivor).healthy, what="the survivor to listen")
+    victim_id, survivor_id = victim.node.node_id, survivor.node.node_id
+    poller = victim.node.services.get("poll")
+    assert poller is not None
+    thaw = threading.Event()
+    poller.gate = lambda: thaw.wait()  # the victim claims nothing: its partitions wait
+    try:
+        run = in_thread(lambda: survivor.launch("ledger", {"run": 1, "delay_ms": 20}))
+
+        def victim_waits() -> bool:
+            rows = _partitions(backend)
+            mine = [p for p in rows if p.assigned_node == victim_id]
+            others = [p for p in rows if p.assigned_node != victim_id]
+            return (
+                bool(mine)
+                and all(p.status in ("PENDING", "CLAIMED") for p in mine)
+                and all(p.status not in ("PENDING", "CLAIMED") for p in others)
+            )
+
+        wait_for(victim_waits, timeout=20, what="the survivor idle, the victim's work waiting")
+        unstarted = [p.step_execution_id for p in _partitions(backend) if p.status == "PENDING"]
+        assert unstarted
+        # The victim dies just after a heartbeat of the survivor: its next one comes before the
+        # victim has been silent for the threshold, the one after 2.8 s later.
+        identity = survivor.node.membership.current
+        assert identity is not None
+        last = identity.last_heartbeat_ok
+        wait_for(lambda: identity.last_heartbeat_ok != last, timeout=10, what="a heartbeat")
+        with hold_services(victim.node):
+            died = time.monotonic()
+
+            def claimed_by_survivor() -> bool:
+                rows = {p.step_execution_id: p for p in _partitions(backend)}
+                return all(
+                    rows[i].assigned_node == survivor_id and rows[i].status != "PENDING"
+                    for i in unstarted
+                )
+
+            wait_for(claimed_by_survivor, timeout=30, what="the survivor to claim them")
+            taken_s = time.monotonic() - died
+        bound_ms = base.unreachable_threshold + base.task_polling_interval + base.sweep_interval
+        assert taken_s <= bound_ms / 1000 + 0.2 * TIME_SCALE, f"claimed after {taken_s:.2f} s"
+    finally:
+        thaw.set()
+        poller.gate = None
+    run["thread"].join(timeout=60)

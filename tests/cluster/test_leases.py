@@ -13,6 +13,7 @@ from contextlib import contextmanager
 import pytest
 
 from dbcluster import points
+from dbcluster.batch.registry import JobRegistry
 from dbcluster.cluster.maintenance.leases import SWEEP
 from dbcluster.cluster.node import Node
 from dbcluster.cluster.settings import ClusterSettings
@@ -200,3 +201,37 @@ def test_a_node_that_leaves_gives_its_lease_up(backend: Backend) -> None:
             "the other node to take the lease",
         )
         assert time.monotonic() - began < SETTINGS.unreachable_threshold / 1000
+
+
+@pytest.mark.backends("postgresql", "mariadb")
+def test_an_idle_non_holder_reads_the_leases_only_inside_its_heartbeats(backend: Backend) -> None:
+    """Where the database can send them together, a node that holds no lease looks for a lapsed
+    one in its heartbeat's round trip: its lease service sends no read of its own."""
+    started: list[Node] = []
+    try:
+        for _ in range(2):
+            started.append(Node(backend.engine, JobRegistry(), SETTINGS, capacity=2).start())
+        wait_for(lambda: holders(started), 10, "a node to take the sweep lease")
+        (index,) = holders(started)
+        other = started[1 - index]
+        reads: list[float] = []
+        looks: list[float] = []
+        read, run_once = other.store.leases, other.leases.run_once
+
+        def counted_read(term_ms: int) -> dict[str, object]:
+            reads.append(time.monotonic())
+            return read(term_ms)  # type: ignore[return-value]
+
+        def counted_look() -> None:
+            run_once()
+            looks.append(time.monotonic())
+
+        other.store.leases = counted_read  # type: ignore[method-assign,assignment]
+        other.leases.run_once = counted_look  # type: ignore[method-assign]
+        # Ten looks of the non-holder (one every sweep_interval), each after a heartbeat.
+        wait_for(lambda: len(looks) >= 10, 30, "ten looks for a lapsed lease")
+        assert holders(started) == [index]
+        assert reads == [], f"{len(reads)} lease reads of its own in {len(looks)} looks"
+    finally:
+        for node in started:
+            node.stop(drain_timeout_ms=1000)

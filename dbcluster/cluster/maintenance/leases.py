@@ -13,12 +13,18 @@ clock:
 - it lapses ``unreachable_threshold`` after its last renewal (a holder is trusted exactly as
   long as a node is: it lapses as its silent holder turns UNREACHABLE), or as soon as its holder
   is no longer a registered node (it left, or was removed);
-- every node that wants it and does not hold it reads the leases every ``sweep_interval`` (one
-  read for all of them) and takes a lapsed one with a guarded UPDATE that exactly one taker
-  wins: a lapsed lease is taken within one ``sweep_interval``, and its new holder runs the
-  lease's services at once. A dead holder is then marked UNREACHABLE by its successor at
-  ``unreachable_threshold`` plus at most one ``sweep_interval``, the bound a single sweeper
-  always had.
+- every node that wants it and does not hold it reads the leases (one read for all of them)
+  and takes a lapsed one with a guarded UPDATE that exactly one taker wins. Where the database
+  can send them together (a data-modifying CTE on PostgreSQL, a multi-statement request on
+  MySQL and MariaDB), the heartbeat carries that read, every ``heartbeat_interval``, in its
+  own round trip (:meth:`Leases.lease_term_to_read`, :meth:`Leases.leases_seen`): the look
+  costs no round trip of its own and a lapse found wakes the service to take it at once.
+  Elsewhere, or when no heartbeat brought the leases within ``sweep_interval`` (the worker's
+  poll carried the heartbeat instead), the service reads them itself every
+  ``sweep_interval``. Either way a lapsed lease is taken within one ``sweep_interval``, and
+  its new holder runs the lease's services at once. A dead holder is then marked UNREACHABLE
+  by its successor at ``unreachable_threshold`` plus at most one ``sweep_interval``, the bound
+  a single sweeper always had.
 
 A node acts for a lease only while it holds it by its own clock too: until ``term`` after it
 sent its last renewal that landed (the database set ``renewed_at`` no earlier), so normally
@@ -37,12 +43,12 @@ import hashlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from dbcluster.cluster.identity import Identity
 from dbcluster.cluster.service import Service
 from dbcluster.cluster.settings import ClusterSettings
-from dbcluster.cluster.store import CoordinationStore
+from dbcluster.cluster.store import CoordinationStore, LeaseRow
 
 log = logging.getLogger("dbcluster.node")
 
@@ -87,6 +93,8 @@ class Leases(Service):
         #: Lease name -> monotonic time before which this node does not take it again (it
         #: stepped down).
         self._resting: dict[str, float] = {}
+        #: The leases as a heartbeat last brought them: (monotonic time, node id, rows).
+        self._seen: tuple[float, str, Mapping[str, LeaseRow]] | None = None
         self._lock = threading.Lock()
 
     def want(self, name: str, on_taken: Callable[[], None] | None = None) -> None:
@@ -124,6 +132,48 @@ class Leases(Service):
         except Exception as exc:  # noqa: BLE001 - it lapses after its term instead
             log.warning("node %s could not give up the %s lease: %s", held[0].node_id, name, exc)
 
+    def _missing(self) -> list[str]:
+        """The leases this node wants, does not hold and may take now."""
+        now = time.monotonic()
+        return [
+            name
+            for name in self._wanted
+            if name not in self._held and self._resting.get(name, 0.0) <= now
+        ]
+
+    # --- the heartbeat's hooks (a heartbeat carries the read) ------------------------------------
+
+    def lease_term_to_read(self, node_id: str) -> int | None:
+        """The term to judge the leases by, while the node under ``node_id`` wants a lease it
+        does not hold (the heartbeat then reads them in its round trip); else None."""
+        identity = self.usable_identity()
+        if identity is None or identity.node_id != node_id or not self._missing():
+            return None
+        return self.term_ms
+
+    def leases_seen(self, node_id: str, rows: Mapping[str, LeaseRow]) -> None:
+        """A heartbeat under ``node_id`` read the leases just now: the service's next look uses
+        them instead of a read of its own, and comes at once when one it wants may be taken."""
+        self._seen = (time.monotonic(), node_id, rows)
+        for name in self._missing():
+            row = rows.get(name)
+            if row is None or row.lapsed or row.holder == node_id:
+                self.wake()
+                return
+
+    def _rows(self, identity: Identity) -> Mapping[str, LeaseRow]:
+        """The leases as a heartbeat of ``identity`` brought them within ``sweep_interval``,
+        else as a read of their own finds them."""
+        seen = self._seen
+        if (
+            seen is not None
+            and seen[1] == identity.node_id
+            and time.monotonic() - seen[0] <= self.check_ms / 1000
+        ):
+            self._seen = None  # used once: a take changes them
+            return seen[2]
+        return self.store.leases(self.term_ms)
+
     def held(self) -> list[str]:
         """The leases this node holds now."""
         return sorted(name for name in self._wanted if self.holding(name) is not None)
@@ -137,12 +187,7 @@ class Leases(Service):
             self.interval_ms = self.check_ms
             return
         self._renew(identity)
-        now = time.monotonic()
-        missing = [
-            name
-            for name in self._wanted
-            if name not in self._held and self._resting.get(name, 0.0) <= now
-        ]
+        missing = self._missing()
         if missing:
             self._take(identity, missing)
         self.interval_ms = self.renew_ms if self._held else self.check_ms
@@ -172,7 +217,7 @@ class Leases(Service):
 
     def _take(self, identity: Identity, names: list[str]) -> None:
         me = identity.node_id
-        rows = self.store.leases(self.term_ms)
+        rows = self._rows(identity)
         for name in names:
             row = rows.get(name)
             if row is not None and not row.lapsed and row.holder != me:

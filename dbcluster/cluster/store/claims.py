@@ -11,6 +11,7 @@ from sqlalchemy import bindparam
 from sqlalchemy.engine import Connection
 
 from dbcluster.cluster.store.connector import Connector
+from dbcluster.cluster.store.leases import LeaseRow
 from dbcluster.cluster.store.records import ClaimedPartition, NodeRemovedError, PendingPartition
 from dbcluster.cluster.store.verify import partition_is
 from dbcluster.prebuilt import Prebuilt
@@ -153,6 +154,58 @@ class Claims(Connector):
             return changed == 1, [(int(r[0]), int(r[1])) for r in rows]
 
         return self.retry.call(once, "poll and heartbeat")
+
+    def beat_reading_leases(
+        self,
+        node_id: str,
+        load: int,
+        limit: int | None,
+        term_ms: int,
+        *,
+        steal_after_ms: int | None = None,
+        unreachable_ms: int = 0,
+    ) -> tuple[bool, list[tuple[int, int]], dict[str, LeaseRow]] | None:
+        """The node's heartbeat, the idle poll (unless ``limit`` is None) and every lease (see
+        ``LeaseRows.leases``) in one round trip, where the database can (one statement on the
+        autocommit engine, or a read and a write in one request): (whether the node's row was
+        there, what the poll found, the leases). None where it cannot (the caller sends them
+        itself)."""
+        provider = self.provider
+        engine = self.autocommit
+        bounded = self._bounded_heartbeat()
+        if engine is None or len(bounded) != 1:
+            return None
+        params = {"b_node": node_id, "b_load": load}
+        key = (limit, steal_after_ms, unreachable_ms, term_ms)
+
+        def read() -> Any:
+            return provider.poll_and_leases(
+                bindparam("b_node"), limit, steal_after_ms, unreachable_ms, term_ms
+            )
+
+        stmt = self.prepared(
+            ("beat reading leases", *key),
+            lambda: provider.heartbeat_and_read(bindparam("b_node"), bindparam("b_load"), read()),
+        )
+        if stmt is not None:
+            rows = self.rows(stmt, "heartbeat reading leases", params)
+            alive = bool(rows) and int(rows[0][0]) == 1
+            return (alive, *_polled_and_leases([r[1:] for r in rows]))
+        if not provider.supports_statement_pairs:
+            return None
+        pair = self.prepared(
+            ("read then beat", *key),
+            lambda: provider.read_then_write(read(), bounded[0], engine.dialect),
+        )
+        if pair is None:
+            return None
+
+        def once() -> tuple[bool, list[tuple[int, int]], dict[str, LeaseRow]]:
+            with engine.connect() as conn:
+                rows, changed = pair.run(conn, params)
+            return (changed == 1, *_polled_and_leases(rows))
+
+        return self.retry.call(once, "heartbeat reading leases")
 
     def _bounded_heartbeat(self) -> Any:
         """The heartbeat with its bounded lock wait (one statement where the session bounds
@@ -324,6 +377,21 @@ class Claims(Connector):
             return self.execute(conn, self.provider.release_pending_for_node(node_id))
 
         return self.transaction(work, "release pending")
+
+
+def _polled_and_leases(
+    rows: Iterable[Any],
+) -> tuple[list[tuple[int, int]], dict[str, LeaseRow]]:
+    """The rows of ``poll_and_leases``: the partitions found (oldest first), the leases."""
+    found: list[tuple[int, int]] = []
+    leases: dict[str, LeaseRow] = {}
+    for sid, jid, name, holder, lapsed in rows:
+        if sid is not None:
+            found.append((int(sid), int(jid)))
+        elif name is not None:
+            leases[str(name)] = LeaseRow(str(name), str(holder), bool(lapsed))
+    found.sort()
+    return found, leases
 
 
 class PartitionClaim:

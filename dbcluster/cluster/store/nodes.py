@@ -10,12 +10,12 @@ from typing import Any
 from sqlalchemy import bindparam
 from sqlalchemy.engine import Connection
 
-from dbcluster.cluster.store.connector import Connector
 from dbcluster.cluster.store.records import NodeInfo
-from dbcluster.states import NODE_ACTIVE
+from dbcluster.cluster.store.wakeups import WakeUps
+from dbcluster.states import NODE_ACTIVE, NODE_REMOVING, NODE_UNREACHABLE
 
 
-class NodeRegistry(Connector):
+class NodeRegistry(WakeUps):
     """``batch_nodes``."""
 
     def db_now(self) -> datetime:
@@ -42,7 +42,10 @@ class NodeRegistry(Connector):
         """Mark silent nodes UNREACHABLE; remove those silent past ``cleanup_ms``, fencing the
         partitions they had claimed in the same transaction (see
         :meth:`QueryProvider.fence_partitions_of_removing`). A read first says whether there is
-        anything to do: an idle cluster's sweep is one statement."""
+        anything to do: an idle cluster's sweep is one statement. Where a sweep made unstarted
+        partitions claimable by others (PENDING on a node it marked or removes), it wakes the
+        live worker nodes in its transaction (where the database has LISTEN/NOTIFY): they poll
+        at once rather than at their fallback poll."""
         provider = self.provider
         stale = self.prepared(
             ("stale", unreachable_ms, cleanup_ms),
@@ -52,11 +55,15 @@ class NodeRegistry(Connector):
             return 0, 0
 
         def mark(conn: Connection) -> int:
-            return self.execute(conn, provider.mark_unreachable(unreachable_ms))
+            marked = self.execute(conn, provider.mark_unreachable(unreachable_ms))
+            if marked:
+                self._wake_for_pending_of(conn, NODE_UNREACHABLE)
+            return marked
 
         def remove(conn: Connection) -> int:
             if not self.execute(conn, provider.mark_removing(cleanup_ms)):
                 return 0
+            self._wake_for_pending_of(conn, NODE_REMOVING)
             # Waits for a final write of theirs that claimed its next partition (see
             # QueryProvider.lock_removing): the fencing below then moves that one too.
             conn.execute(provider.lock_removing()).all()
@@ -64,6 +71,18 @@ class NodeRegistry(Connector):
             return self.execute(conn, provider.delete_removing())
 
         return self.transaction(mark, "mark unreachable"), self.transaction(remove, "remove nodes")
+
+    def _wake_for_pending_of(self, conn: Connection, status: str) -> None:
+        """In a sweep's transaction: when a node in ``status`` holds PENDING partitions (others
+        may claim them now), wake the live worker nodes, where the database has wake-ups."""
+        if not self.provider.supports_listen_notify:
+            return
+        pending = self.prepared(
+            ("pending of", status), lambda: self.provider.select_pending_of(status)
+        )
+        if conn.execute(pending).first() is None:
+            return
+        self.wake_nodes(conn, [node.node_id for node in self.worker_nodes(conn)])
 
     def set_capacity(self, node_id: str, capacity: int) -> None:
         def work(conn: Connection) -> None:

@@ -40,7 +40,8 @@ NOT_SQL: dict[str, str] = {
     "clip_text": "text clipping",
     "column_type": "a column type (compiled with the DDL: ddl_statements)",
     "configure_engine": "engine events",
-    "read_then_write": "joins two statements of CALLS (select_claimable, heartbeat) into one "
+    "read_then_write": "joins two statements of CALLS (select_claimable or poll_and_leases, "
+    "heartbeat) into one "
     "request",
     "configure_session": "runs session_statements (rendered) or sets a driver attribute",
     "connect": "a driver connection (the dialect's own connect by default)",
@@ -178,6 +179,7 @@ CALLS: dict[str, Callable[[QueryProvider], list[Any]]] = {
     ],
     # node registry
     "register_node": lambda p: _register(p, "n"),
+    "select_pending_of": lambda p: [p.select_pending_of("UNREACHABLE")],
     "heartbeat": lambda p: [
         p.heartbeat("n", 1),
         p.heartbeat(bindparam("b_node"), bindparam("b_load")),  # type: ignore[arg-type]
@@ -386,6 +388,18 @@ CALLS: dict[str, Callable[[QueryProvider], list[Any]]] = {
     "insert_lease": lambda p: [p.insert_lease("prune", "n")],
     "release_lease": lambda p: [p.release_lease("prune", "n")],
     "select_leases": lambda p: [p.select_leases(10_000)],
+    "poll_and_leases": lambda p: [
+        p.poll_and_leases(bindparam("b_node"), None, None, 10_000, 10_000),
+        p.poll_and_leases(bindparam("b_node"), 4, 5000, 10_000, 10_000),
+    ],
+    "heartbeat_and_read": lambda p: [
+        p.heartbeat_and_read(
+            bindparam("b_node"),
+            bindparam("b_load"),
+            p.poll_and_leases(bindparam("b_node"), limit, 5000, 10_000, 10_000),
+        )
+        for limit in (None, 4)
+    ],
     "renew_leases": lambda p: [
         p.renew_leases(["sweep", "prune"], "n", 10_000),
         p.renew_leases(bindparam("b_names", expanding=True), bindparam("b_holder"), 10_000),
