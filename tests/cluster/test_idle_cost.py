@@ -105,7 +105,15 @@ def test_with_the_listener_down_polling_resumes_at_the_normal_interval(
     ``task_polling_interval`` again, at once; back up, the fallback pace returns."""
     # Heartbeats (which carry a poll each) once a second: the polls counted below are the
     # worker's own.
-    worker = make_cluster(SETTINGS.with_overrides(heartbeat_interval=1000))
+    # (The thresholds stay above that heartbeat at every DBCLUSTER_TEST_TIME_SCALE: at 2 the fast
+    # settings' unreachable_threshold is exactly 1000 ms, which the settings refuse.)
+    worker = make_cluster(
+        SETTINGS.with_overrides(
+            heartbeat_interval=1000,
+            unreachable_threshold=max(SETTINGS.unreachable_threshold, 3000),
+            cleanup_threshold=max(SETTINGS.cleanup_threshold, 6000),
+        )
+    )
     notifier = _notifier(worker)
     wait_for(lambda: notifier.healthy, what="the worker to listen")
 
