@@ -198,7 +198,7 @@ class Node:
                 deadline_s=self.settings.cleanup_threshold / 1000,
                 backoff_s=0.05,
                 max_backoff_s=min(1.0, self.settings.heartbeat_interval / 1000),
-                give_up=lambda: self.is_fenced or self.stopping,
+                give_up=lambda: self.is_fenced or self._drained,
             ),
             reader=self.engines.autocommit,
         )
@@ -223,6 +223,8 @@ class Node:
         #: before them.
         self._added: list[Service] = []
         self._started = False
+        #: When a graceful stop's drain ends (``time.monotonic()``), set by :meth:`stop`.
+        self._drain_deadline: float | None = None
 
     def add_service(self, service: Service) -> Service:
         """Run ``service`` with the node's (before :meth:`start`)."""
@@ -253,6 +255,16 @@ class Node:
     @property
     def stopping(self) -> bool:
         return self.membership.stopping
+
+    @property
+    def _drained(self) -> bool:
+        """Whether a leaving node's steps should stop repeating transient errors: once its drain
+        has run out, not while it lasts (a drain is for running partitions to finish, and an
+        outage or a deadlock during a rolling restart must not fail them)."""
+        if not self.stopping:
+            return False
+        deadline = self._drain_deadline
+        return deadline is None or time.monotonic() >= deadline
 
     def usable_identity(self) -> Identity | None:
         """The identity this node may act under now, or None (not joined, fenced, leaving, or
@@ -397,9 +409,10 @@ class Node:
         if not self._started:
             return
         drain = self.settings.drain_timeout if drain_timeout_ms is None else drain_timeout_ms
+        deadline = time.monotonic() + drain / 1000
+        self._drain_deadline = deadline
         self.membership.stop()
         self.services.set_gate(None)
-        deadline = time.monotonic() + drain / 1000
         if self.worker is not None:
             self._withdraw()
             self.worker.wake()

@@ -203,6 +203,45 @@ def test_a_node_that_leaves_gives_its_lease_up(backend: Backend) -> None:
         assert time.monotonic() - began < SETTINGS.unreachable_threshold / 1000
 
 
+@BACKENDS
+def test_a_holder_gives_its_lease_up_when_its_drain_begins(backend: Backend) -> None:
+    """A leaving holder gives its leases up as soon as it stops acting, not at the end of its
+    drain: a rolling restart must not leave the cluster without sweeps for the drain's length
+    (the lease service forgot what it held when its node began to leave, so the stop had
+    nothing left to give up, and the others waited for the term)."""
+    settings = SETTINGS.with_overrides(unreachable_threshold=10_000, cleanup_threshold=20_000)
+    with nodes(backend, 2, settings=settings) as started:
+        wait_for(lambda: holders(started), 10, "a node to take the sweep lease")
+        (index,) = holders(started)
+        holder, other = started[index], started[1 - index]
+        draining = threading.Event()
+        release = threading.Event()
+        masters = holder.context.masters
+        drain = masters.wait
+
+        def long_drain(deadline: float) -> None:
+            # The drain: waiting for the node's running masters (and partitions) to finish.
+            draining.set()
+            release.wait(30)
+            drain(deadline)
+
+        masters.wait = long_drain  # type: ignore[method-assign]
+        stopper = threading.Thread(target=holder.stop, kwargs={"drain_timeout_ms": 30_000})
+        stopper.start()
+        try:
+            assert draining.wait(10), "the holder's drain did not begin"
+            began = time.monotonic()
+            wait_for(
+                lambda: other.leases.holding(SWEEP),
+                (settings.heartbeat_interval + INTERVAL_MS) / 1000 + SLACK_S,
+                "the other node to take the lease while the holder drains",
+            )
+            assert time.monotonic() - began < settings.unreachable_threshold / 1000
+        finally:
+            release.set()
+            stopper.join(60)
+
+
 @pytest.mark.backends("postgresql", "mariadb")
 def test_an_idle_non_holder_reads_the_leases_only_inside_its_heartbeats(backend: Backend) -> None:
     """Where the database can send them together, a node that holds no lease looks for a lapsed

@@ -193,3 +193,25 @@ def test_a_node_waits_an_outage_out_for_as_long_as_it_may_act(tmp_path) -> None:
     policy = node.repository.transactions.policy
     assert policy.attempts is None
     assert policy.deadline_s == 20.0
+
+
+def test_a_leaving_node_waits_an_outage_out_until_its_drain_ends(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A graceful stop drains: its running partitions may finish, so a transient error (a
+    deadlock, a database restart during a rolling restart) is repeated until the drain's
+    deadline, not given up at once (a non-transferable partition's failure fails its job)."""
+    import time
+
+    from dbcluster.cluster.node import Node
+
+    node = Node(make_engine(f"sqlite:///{tmp_path / 'n.db'}"), None, ClusterSettings(), capacity=0)
+    # A node that acts (not fenced), without starting one.
+    monkeypatch.setattr(Node, "is_fenced", property(lambda self: False))
+    give_up = node.repository.transactions.policy.give_up
+    assert not give_up()
+    node._drain_deadline = time.monotonic() + 60
+    node.membership.stop()
+    assert not give_up(), "a draining node gave a step's transient error up at once"
+    node._drain_deadline = time.monotonic() - 1
+    assert give_up(), "a node whose drain ran out still repeats"

@@ -181,9 +181,10 @@ class Leases(Service):
     def run_once(self) -> None:
         identity = self.usable_identity()
         if identity is None:
-            # A fenced or leaving identity acts no more; what it held lapses (or was released).
-            with self._lock:
-                self._held.clear()
+            # A fenced or leaving identity acts no more: what it held is given up now (each
+            # release is guarded by the holder's id), so another node takes it at its next look
+            # rather than after the term; a release that fails lapses after the term instead.
+            self._release_held()
             self.interval_ms = self.check_ms
             return
         self._renew(identity)
@@ -241,6 +242,10 @@ class Leases(Service):
         """Stop, and give up what this node holds, so that another node takes it at its next
         look rather than after the term."""
         super().stop(timeout)
+        self._release_held()
+
+    def _release_held(self) -> None:
+        """Give up every lease held (each delete guarded by the holder's id)."""
         with self._lock:
             held, self._held = self._held, {}
         for name, (identity, _) in held.items():
