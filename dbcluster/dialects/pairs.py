@@ -73,7 +73,10 @@ class PyformatPair:
         cursor = result.cursor
         try:
             rows = list(cursor.fetchall())
-            cursor.nextset()
+            if not cursor.nextset():
+                # No second result: the write did not run (a proxy split or dropped it), and
+                # the cursor's rowcount would still be the read's.
+                raise RuntimeError("the statement pair's write returned no result")
             return rows, int(cursor.rowcount)
         except Exception as error:  # the write's error arrives with its result: wrapped
             dbapi = conn.dialect.loaded_dbapi
