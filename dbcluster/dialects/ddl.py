@@ -24,6 +24,9 @@ from dbcluster.dialects.family import StatementFamily
 from dbcluster.schema import nodes
 from dbcluster.states import NODE_ACTIVE
 
+#: How often a CREATE (or the check before it) is tried on a transient error.
+_CREATE_TRIES = 10
+
 
 class DDLStatements(StatementFamily):
     """The tables' DDL, and the migrations' ALTER statements."""
@@ -110,20 +113,36 @@ class DDLStatements(StatementFamily):
     def _create_once(
         self, engine: Engine, create: Callable[[Connection], None], exists: Callable[[], bool]
     ) -> bool:
-        """Run ``create`` unless ``exists``; True when this call created the object."""
-        if exists():
-            return False
-        for retry in range(10):
+        """Run ``create`` unless ``exists``; True when this call created the object.
+
+        Both the check and the CREATE are tried again on a transient error: another process
+        may hold the lock while it creates the object (SQLite: "database is locked"), and on a
+        Galera cluster a concurrent DDL statement, replicated in total order, aborts a local
+        metadata read such as ``SHOW CREATE TABLE`` with a deadlock (1213)."""
+        for retry in range(_CREATE_TRIES):
             try:
+                if self._exists_now(exists):
+                    return False
                 with engine.begin() as conn:
                     create(conn)
                 return True
             except DBAPIError as exc:
                 # Another process created it between our check and our CREATE.
-                if exists():
+                if self._exists_now(exists):
                     return False
-                # Or holds the lock while it does (SQLite: "database is locked").
-                if retry < 9 and self.is_transient(exc):
+                if retry + 1 < _CREATE_TRIES and self.is_transient(exc):
+                    time.sleep(0.05 * (retry + 1))
+                    continue
+                raise
+        return False
+
+    def _exists_now(self, exists: Callable[[], bool]) -> bool:
+        """``exists()``, asked again while the check itself fails transiently."""
+        for retry in range(_CREATE_TRIES):
+            try:
+                return exists()
+            except DBAPIError as exc:
+                if retry + 1 < _CREATE_TRIES and self.is_transient(exc):
                     time.sleep(0.05 * (retry + 1))
                     continue
                 raise

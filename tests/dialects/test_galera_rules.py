@@ -145,3 +145,38 @@ def test_no_path_uses_what_galera_lacks() -> None:
         if _UNSUPPORTED.search(line)
     ]
     assert found == []
+
+
+def test_init_asks_again_when_a_replicated_ddl_aborts_its_metadata_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a Galera node, DDL runs in total order and aborts a concurrent local metadata read
+    (``SHOW CREATE TABLE``) with a certification failure; ``init`` from several processes at once
+    failed on it (the check before each CREATE was not tried again). Here every third existence
+    check fails that way: the schema is still made, every table once."""
+    from dbcluster import schema
+    from dbcluster.dialects import ddl, get_provider
+
+    engine = make_engine(f"sqlite:///{tmp_path / 'init.db'}")
+    provider = get_provider(engine)
+    aborted = _server_error(*CERTIFICATION)
+    monkeypatch.setattr(provider, "is_transient", lambda exc: exc.orig is aborted)
+    calls = {"n": 0}
+    real_table_exists = ddl.DDLStatements._table_exists
+    real_index_exists = ddl.DDLStatements._index_exists
+
+    def aborting(real: Callable[..., bool]) -> Callable[..., bool]:
+        def check(*args: object) -> bool:
+            calls["n"] += 1
+            if calls["n"] % 3 == 0:
+                raise DBAPIError("SHOW CREATE TABLE", None, aborted)  # type: ignore[arg-type]
+            return real(*args)
+
+        return staticmethod(check)  # type: ignore[return-value]
+
+    monkeypatch.setattr(ddl.DDLStatements, "_table_exists", aborting(real_table_exists))
+    monkeypatch.setattr(ddl.DDLStatements, "_index_exists", aborting(real_index_exists))
+    monkeypatch.setattr(ddl.time, "sleep", lambda s: None)
+    tables, _ = provider.create_schema(engine)
+    assert sorted(tables) == sorted(t.name for t in schema.ALL_TABLES)
+    assert calls["n"] >= 3, "no existence check was aborted: the test proved nothing"
