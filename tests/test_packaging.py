@@ -62,7 +62,7 @@ def test_the_sdist_and_the_wheel_carry_the_license_and_py_typed(built: tuple[Pat
     assert "pytest11" not in entry_points and "dbcluster = dbcluster.cli:main" in entry_points
     # chaos and bench join the CLI through its entry points, not an import (docs/cli.md).
     assert "[dbcluster.commands]" in entry_points
-    assert "chaos = dbcluster.testing.chaos:chaos" in entry_points
+    assert "chaos = dbcluster.testing.chaos_command:chaos" in entry_points
     assert "bench = dbcluster.bench.command:bench" in entry_points
     extras = set(metadata.get_all("Provides-Extra") or [])
     assert {"conformance", "test", "dev"} <= extras

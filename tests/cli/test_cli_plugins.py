@@ -121,13 +121,13 @@ def test_chaos_and_bench_come_from_the_entry_points_and_load_only_when_used() ->
         "    main(['ddl', '--dialect', 'sqlite'])\n"
         "except SystemExit as exc:\n"
         "    assert exc.code == 0, exc.code\n"
-        "print('@', sorted(m for m in ('dbcluster.testing.chaos', 'dbcluster.bench.command')"
-        " if m in sys.modules))\n"
+        "print('@', sorted(m for m in ('dbcluster.testing.chaos_command',"
+        " 'dbcluster.bench.command') if m in sys.modules))\n"
         "try:\n"
         "    main(['chaos', '--help'])\n"
         "except SystemExit as exc:\n"
         "    assert exc.code == 0, exc.code\n"
-        "print('@', 'dbcluster.testing.chaos' in sys.modules)\n"
+        "print('@', 'dbcluster.testing.chaos_command' in sys.modules)\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("DBCLUSTER_")}
     done = subprocess.run(
@@ -136,7 +136,11 @@ def test_chaos_and_bench_come_from_the_entry_points_and_load_only_when_used() ->
     assert done.returncode == 0, done.stderr
     # Marked lines: the commands print their own output between them.
     said = [line[2:] for line in done.stdout.splitlines() if line.startswith("@ ")]
-    assert said == ["dbcluster.testing.chaos:chaos dbcluster.bench.command:bench", "[]", "True"]
+    assert said == [
+        "dbcluster.testing.chaos_command:chaos dbcluster.bench.command:bench",
+        "[]",
+        "True",
+    ]
 
 
 def test_an_install_without_the_entry_points_says_to_reinstall(

@@ -20,7 +20,7 @@ from sqlalchemy import event, text
 
 from dbcluster.schema import partitions
 from dbcluster.testing.backends import Backend
-from dbcluster.testing.suite.test_provider import _place, _register, _store
+from dbcluster.testing.suite.provider_helpers import _place, _register, _store
 
 PENDING_ROWS = 400
 

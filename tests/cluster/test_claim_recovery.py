@@ -19,7 +19,7 @@ from dbcluster.cluster.store import NodeRemovedError
 from dbcluster.schema import nodes, partitions
 from dbcluster.testing.backends import Backend
 from dbcluster.testing.control import drop_connection
-from dbcluster.testing.suite.test_provider import _place, _register, _store
+from dbcluster.testing.suite.provider_helpers import _place, _register, _store
 from dbcluster.testing.waiting import in_thread, wait_for
 
 

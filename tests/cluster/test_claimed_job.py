@@ -13,7 +13,7 @@ from dbcluster.batch.repository import JobRepository
 from dbcluster.dialects.base import CLAIMED_JOB_PREFIX
 from dbcluster.testing.app import FAST_SETTINGS
 from dbcluster.testing.backends import Backend
-from dbcluster.testing.suite.test_provider import _register, _store
+from dbcluster.testing.suite.provider_helpers import _register, _store
 
 NODE = "claimed-job-node"
 

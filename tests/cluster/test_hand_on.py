@@ -24,7 +24,7 @@ from dbcluster.schema import nodes, partitions, step_execution
 from dbcluster.testing.app import FAST_SETTINGS, build_registry, ledger
 from dbcluster.testing.backends import Backend
 from dbcluster.testing.control import lose_commit_acks, result_sizes
-from dbcluster.testing.suite.test_provider import _place, _register, _store
+from dbcluster.testing.suite.provider_helpers import _place, _register, _store
 from dbcluster.testing.waiting import in_thread, wait_for
 
 NODE = "hand-on-node"
