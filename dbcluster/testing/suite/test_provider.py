@@ -17,22 +17,9 @@ from dbcluster.dialects.base import QueryProvider
 from dbcluster.schema import nodes
 from dbcluster.states import NODE_ACTIVE, NODE_UNREACHABLE
 
-# The guarded transitions live in claims.py and are collected here, with the rest.
-from dbcluster.testing.suite.claims import (
-    test_a_claim_in_one_statement_gives_what_four_give,
-    test_a_claim_passes_over_a_partition_another_transaction_holds,
-    test_a_held_partition_serializes_its_transfer,
-    test_a_node_leaving_fences_what_it_still_has_claimed,
-    test_a_poll_offers_own_partitions_and_those_it_may_steal,
-    test_batched_claims_split_the_partitions_between_concurrent_claimers,
-    test_bulk_creation_refuses_what_row_by_row_refuses,
-    test_bulk_creation_writes_what_row_by_row_writes,
-    test_claim_changes_one_row_only_under_its_guard,
-    test_concurrent_claims_exactly_one_wins,
-    test_concurrent_stranded_master_claims_exactly_one_wins,
-    test_orphans_and_stranded_masters_do_not_need_the_dead_node_row,
-    test_reassignment_fences_the_previous_attempt,
-)
+# The guarded transitions are written in claims.py and collected here, with the rest.
+from dbcluster.testing.suite import claims
+from dbcluster.testing.suite.claims import *  # noqa: F403
 from dbcluster.testing.suite.provider_helpers import (
     _naive,
     _now,
@@ -50,22 +37,10 @@ __all__ = [
     "test_older_than_turns_true_once_the_threshold_has_passed",
     "test_registration_survives_a_reregister_and_heartbeat_reports_a_removed_node",
     "test_sweeps_mark_then_remove_silent_nodes",
-    "test_claim_changes_one_row_only_under_its_guard",
-    "test_concurrent_claims_exactly_one_wins",
-    "test_batched_claims_split_the_partitions_between_concurrent_claimers",
-    "test_a_claim_in_one_statement_gives_what_four_give",
-    "test_a_claim_passes_over_a_partition_another_transaction_holds",
-    "test_bulk_creation_writes_what_row_by_row_writes",
-    "test_bulk_creation_refuses_what_row_by_row_refuses",
-    "test_a_poll_offers_own_partitions_and_those_it_may_steal",
     "test_removing_a_node_fences_what_it_claimed",
-    "test_a_node_leaving_fences_what_it_still_has_claimed",
-    "test_reassignment_fences_the_previous_attempt",
-    "test_a_held_partition_serializes_its_transfer",
-    "test_orphans_and_stranded_masters_do_not_need_the_dead_node_row",
-    "test_concurrent_stranded_master_claims_exactly_one_wins",
     "test_ddl_covers_every_table_and_init_is_idempotent",
     "test_transient_classifier_calls_permanent_errors_permanent",
+    *claims.__all__,
 ]
 
 
