@@ -7,13 +7,19 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from sqlalchemy import insert, select
+from sqlalchemy import select
 
 from dbcluster.batch import Job, PartitionStep, RepeatStatus, TaskletStep
 from dbcluster.batch.scope import ChunkContext
 from dbcluster.batch.status import BatchStatus
 from dbcluster.schema import partitions, step_execution
-from dbcluster.testing.app import FAST_SETTINGS, RangePartitioner, build_registry, ledger
+from dbcluster.testing.app import (
+    FAST_SETTINGS,
+    RangePartitioner,
+    build_registry,
+    ledger,
+    one_row_tasklet,
+)
 from dbcluster.testing.backends import Backend
 from dbcluster.testing.control import record_events, transfer_while_parked
 
@@ -27,21 +33,6 @@ def _registry(body: Any) -> Any:
         Job("moved", [PartitionStep("moved.master", worker, RangePartitioner(True, 1, 10))])
     )
     return registry
-
-
-def _write(ctx: ChunkContext) -> None:
-    se = ctx.step_execution
-    ctx.connection.execute(
-        insert(ledger).values(
-            job_execution_id=se.job_execution.id,
-            step_execution_id=se.id,
-            partition_name=se.step_name,
-            transferable=True,
-            lo=0,
-            hi=1,
-            total=1,
-        )
-    )
 
 
 def _written(backend: Backend, job_execution_id: int) -> list[Any]:
@@ -58,7 +49,7 @@ def test_a_partition_taken_away_during_its_one_call_commits_nothing(
     provider = backend.provider
 
     def body(ctx: ChunkContext) -> RepeatStatus:
-        _write(ctx)  # the user's write, in the partition's one transaction
+        one_row_tasklet(ctx)  # the user's write, in the partition's one transaction
         # Meanwhile its master fails it (as after its node was judged dead): it commits, as
         # nothing holds the partition row yet.
         with backend.engine.begin() as conn:
@@ -91,7 +82,7 @@ def test_a_transfer_waits_for_the_final_write_that_holds_its_partition(
     backend: Backend, make_cluster: Any
 ) -> None:
     def body(ctx: ChunkContext) -> RepeatStatus:
-        _write(ctx)
+        one_row_tasklet(ctx)
         return RepeatStatus.FINISHED
 
     registry = _registry(body)

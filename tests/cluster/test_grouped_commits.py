@@ -12,18 +12,23 @@ import threading
 from typing import Any
 
 import pytest
-from sqlalchemy import insert, select, update
+from sqlalchemy import select, update
 
 from dbcluster.batch import Job, PartitionStep, TaskletStep
 from dbcluster.batch.scope import ChunkContext
 from dbcluster.batch.status import BatchStatus
 from dbcluster.cluster import grouping
-from dbcluster.cluster.executor import current_attempt, current_node_id
 from dbcluster.cluster.grouping import Grouping
 from dbcluster.schema import partitions
 from dbcluster.states import PARTITION_CLAIMED, PARTITION_FAILED
 from dbcluster.testing import points
-from dbcluster.testing.app import FAST_SETTINGS, RangePartitioner, build_registry, ledger
+from dbcluster.testing.app import (
+    FAST_SETTINGS,
+    RangePartitioner,
+    build_registry,
+    ledger,
+    one_row_tasklet,
+)
 from dbcluster.testing.backends import Backend
 from dbcluster.testing.control import record_events
 from dbcluster.testing.waiting import in_thread, wait_for
@@ -41,23 +46,6 @@ def _short_on_any_machine(monkeypatch: pytest.MonkeyPatch) -> None:
     """Partitions count as short however loaded the host is: these tests are about what a
     group does, not about when a node starts grouping."""
     monkeypatch.setattr(grouping, "GROUP_BELOW_MS", 60_000)
-
-
-def _write(ctx: ChunkContext) -> None:
-    se = ctx.step_execution
-    ctx.connection.execute(
-        insert(ledger).values(
-            job_execution_id=se.job_execution.id,
-            step_execution_id=se.id,
-            partition_name=se.step_name,
-            node_id=current_node_id.get(),
-            attempt=current_attempt.get(),
-            transferable=True,
-            lo=0,
-            hi=1,
-            total=1,
-        )
-    )
 
 
 def _registry(body: Any, *, transactional: bool = True, transferable: bool = True) -> Any:
@@ -98,7 +86,7 @@ def test_short_partitions_of_a_transactional_step_commit_in_groups(
     backend: Backend, make_cluster: Any
 ) -> None:
     def body(ctx: ChunkContext) -> None:
-        _write(ctx)
+        one_row_tasklet(ctx)
 
     registry = _registry(body)
     master = make_cluster(SETTINGS, registry=registry, work=False)
@@ -117,7 +105,7 @@ def test_short_partitions_of_a_transactional_step_commit_in_groups(
 def test_a_step_not_declared_transactional_is_never_grouped(
     backend: Backend, make_cluster: Any
 ) -> None:
-    registry = _registry(_write, transactional=False)
+    registry = _registry(one_row_tasklet, transactional=False)
     master = make_cluster(SETTINGS, registry=registry, work=False)
     make_cluster(SETTINGS, registry=registry)
     sizes, handler = _group_sizes()
@@ -133,7 +121,7 @@ def test_a_step_not_declared_transactional_is_never_grouped(
 def test_non_transferable_partitions_of_a_transactional_step_take_effect_once(
     backend: Backend, make_cluster: Any
 ) -> None:
-    registry = _registry(_write, transferable=False)
+    registry = _registry(one_row_tasklet, transferable=False)
     master = make_cluster(SETTINGS, registry=registry, work=False)
     make_cluster(SETTINGS, registry=registry)
     sizes, handler = _group_sizes()
@@ -155,7 +143,7 @@ def test_a_member_moved_before_the_final_write_rolls_the_whole_group_back(
     judged dead): the group's final write changes one row fewer than it has members, so
     nothing of the group commits; each member then runs alone: the moved one is refused by its
     own fence (lost, its write not committed), the others complete."""
-    registry = _registry(_write)
+    registry = _registry(one_row_tasklet)
     master = make_cluster(SETTINGS, registry=registry, work=False)
     worker = make_cluster(SETTINGS, registry=registry)
     recorder = record_events(worker.node)
@@ -221,7 +209,7 @@ def test_a_body_failing_in_one_member_rolls_the_group_back_and_each_runs_alone(
         se = ctx.step_execution
         position = in_group.position(ctx)
         calls[se.id] = calls.get(se.id, 0) + 1
-        _write(ctx)
+        one_row_tasklet(ctx)
         if position == 2 and not failing:
             failing.append(se.id)
         if se.id in failing:
@@ -255,7 +243,7 @@ def test_a_stop_request_during_a_groups_bodies_ends_its_members_alone(
     members: list[Any] = []
 
     def body(ctx: ChunkContext) -> None:
-        _write(ctx)
+        one_row_tasklet(ctx)
         if in_group.position(ctx) == 2 and not parked.is_set():
             members.append(ctx.step_execution)
             parked.set()
@@ -294,7 +282,7 @@ def test_a_group_of_a_node_fenced_before_its_final_write_commits_nothing(
 ) -> None:
     """The node fences itself while a group waits before its final write: nothing of the group
     commits under that identity; the partitions run again elsewhere once it is removed."""
-    registry = _registry(_write)
+    registry = _registry(one_row_tasklet)
     master = make_cluster(SETTINGS, registry=registry, work=False)
     # Two workers: the other one takes the partitions over.
     workers = [make_cluster(SETTINGS, registry=registry) for _ in range(2)]
@@ -322,7 +310,7 @@ def test_a_group_of_a_node_fenced_before_its_final_write_commits_nothing(
 def test_the_grouping_needs_a_known_one_call_step_and_short_runs() -> None:
     class Executor:
         recent_run_ms: float | None = None
-        registry = _registry(_write)
+        registry = _registry(one_row_tasklet)
 
     chooser = Grouping(Executor(), 4)  # type: ignore[arg-type]
     assert not chooser.qualifies("grouped.worker")  # no run yet

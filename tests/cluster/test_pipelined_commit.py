@@ -12,14 +12,19 @@ import socket
 from typing import Any
 
 import pytest
-from sqlalchemy import insert, select, text
+from sqlalchemy import select, text
 
-from dbcluster.batch import Job, PartitionStep, RepeatStatus, TaskletStep
-from dbcluster.batch.scope import ChunkContext
+from dbcluster.batch import Job, PartitionStep, TaskletStep
 from dbcluster.batch.status import BatchStatus
 from dbcluster.schema import partitions
 from dbcluster.testing import points
-from dbcluster.testing.app import FAST_SETTINGS, RangePartitioner, build_registry, ledger
+from dbcluster.testing.app import (
+    FAST_SETTINGS,
+    RangePartitioner,
+    build_registry,
+    ledger,
+    one_row_tasklet,
+)
 from dbcluster.testing.backends import Backend
 from dbcluster.testing.control import lose_sent_commit_acks, record_events
 from dbcluster.testing.waiting import in_thread, wait_for
@@ -28,25 +33,9 @@ PIPELINES = pytest.mark.backends("postgresql")
 SETTINGS = FAST_SETTINGS.with_overrides(concurrency_limit=2)
 
 
-def _write(ctx: ChunkContext) -> RepeatStatus:
-    se = ctx.step_execution
-    ctx.connection.execute(
-        insert(ledger).values(
-            job_execution_id=se.job_execution.id,
-            step_execution_id=se.id,
-            partition_name=se.step_name,
-            transferable=True,
-            lo=0,
-            hi=1,
-            total=1,
-        )
-    )
-    return RepeatStatus.FINISHED
-
-
 def _registry(count: int = 1) -> Any:
     registry = build_registry()
-    worker = TaskletStep("moved.worker", _write)
+    worker = TaskletStep("moved.worker", one_row_tasklet)
     registry.register(
         Job("moved", [PartitionStep("moved.master", worker, RangePartitioner(True, count, 10))])
     )
