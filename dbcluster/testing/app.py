@@ -58,6 +58,7 @@ from dbcluster.batch.partition import BasePartitioner
 from dbcluster.batch.status import BatchStatus
 from dbcluster.cluster.settings import ClusterSettings
 from dbcluster.schema import Id, Timestamp
+from dbcluster.testing.waiting import TIME_SCALE
 
 ledger_metadata = MetaData()
 
@@ -137,24 +138,6 @@ if os.environ.get("DBCLUSTER_FAULT_CUT_FILE"):  # set by the fault harness for i
     install_cut_switch(os.environ["DBCLUSTER_FAULT_CUT_FILE"])
 
 
-def _time_scale() -> float:
-    """``DBCLUSTER_TEST_TIME_SCALE`` (a number, at least 1; default 1): how much longer than
-    the fast thresholds below a node may go without a heartbeat before it is judged, fences
-    itself or is removed. On a loaded 2-core host an in-process node's heartbeat can stall past
-    the 900 ms the unscaled settings allow (the node then fences itself, correctly, and a test
-    expecting an exact count, an unchanged node id or no takeover fails); a slow machine's CI
-    sets a scale instead of every test guessing its own margin. Intervals are not scaled."""
-    raw = os.environ.get("DBCLUSTER_TEST_TIME_SCALE", "1")
-    try:
-        scale = float(raw)
-    except ValueError:
-        raise ValueError(f"DBCLUSTER_TEST_TIME_SCALE must be a number, not {raw!r}") from None
-    if not 1 <= scale < float("inf"):
-        raise ValueError(f"DBCLUSTER_TEST_TIME_SCALE must be at least 1 and finite, not {raw!r}")
-    return scale
-
-
-TIME_SCALE = _time_scale()
 #: ``DBCLUSTER_TEST_GROUPED=1``: the partitions' tasklets (their effects are all in their
 #: transactions) are declared ``transactional``, so nodes group their short partitions (grouped
 #: commits: docs/cluster.md); the suite's and chaos's runs then exercise grouping.

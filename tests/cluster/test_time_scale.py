@@ -42,3 +42,24 @@ def test_a_scale_that_is_not_a_number_of_at_least_one_is_refused(scale: str) -> 
     done = _settings_under(scale)
     assert done.returncode != 0
     assert "DBCLUSTER_TEST_TIME_SCALE must be" in done.stderr
+
+
+def test_the_scale_stretches_the_default_wait_not_a_named_one() -> None:
+    env = {**os.environ, "DBCLUSTER_TEST_TIME_SCALE": "3"}
+    code = (
+        "import time\n"
+        "from dbcluster.testing import waiting\n"
+        "print(waiting.DEFAULT_WAIT_S)\n"
+        "began = time.monotonic()\n"
+        "try:\n"
+        "    waiting.wait_for(lambda: False, timeout=0.2)\n"
+        "except TimeoutError:\n"
+        "    print(round(time.monotonic() - began, 1))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    default_s, named_s = map(float, done.stdout.split())
+    assert default_s == 45.0
+    assert 0.2 <= named_s < 1.0
