@@ -355,6 +355,10 @@ def _watch(
         now = _partition_rows(engine, master_id)
         for name, r in now.items():
             before = seen.get(name)
+            if before and r.attempt > before[1] and r.assigned_node == before[0]:
+                # A new attempt still on its old node: re-placed and not yet taken by a live
+                # node (or taken up again by a live one). It is told when it has moved.
+                continue
             if before and r.attempt > before[1]:
                 reassigned += 1
                 out.print(

@@ -28,6 +28,8 @@ def check_output(proc: subprocess.CompletedProcess[str]) -> None:
     assert re.search(
         r"reassigned receipts-\d+-\d+ from demo-w1-\w+ to demo-w\d-\w+ \(attempt 2", out
     )
+    moves = re.findall(r"reassigned \S+ from (\S+) to (\S+) ", out)
+    assert all(a != b for a, b in moves), f"a partition 'moved' to the node it was on: {out}"
     cluster = re.search(r"cluster total: +(\$[\d,.]+) from ([\d,]+) receipts", out)
     single = re.search(r"single-process total: +(\$[\d,.]+) from ([\d,]+) receipts", out)
     assert cluster and single, out
