@@ -36,7 +36,8 @@ _SERVER_STATUS_IN_TRANS = 0x0001
 #: Synced again, and the session that met them is of no use until then.
 _WSREP_NOT_READY_ERRNOS = {1047, 1180}
 #: Deadlock (1213: also Galera's certification failure, which fails the losing transaction at
-#: COMMIT), lock wait timeout (1205), server shutdown (1053), the server closed an idle or
+#: COMMIT), lock wait timeout (1205; MariaDB's answer to NOWAIT too), a row NOWAIT could not lock
+#: at once (3572, MySQL 8), server shutdown (1053), the server closed an idle or
 #: killed connection (4031; MariaDB's 1927), a Group Replication conflict rolled the commit back
 #: (3101), a Galera node out of its primary component (above), and the client's lost or refused
 #: connection: 2002 (local socket), 2003 (TCP), 2006 (server gone away), 2013 and 2055 (lost
@@ -44,6 +45,7 @@ _WSREP_NOT_READY_ERRNOS = {1047, 1180}
 _TRANSIENT_ERRNOS = {
     1213,
     1205,
+    3572,
     1053,
     4031,
     1927,

@@ -377,6 +377,8 @@ class Harness:
 
         if not self.provider.network_backend:
             return _sqlite_write_locked(engine)
+        from sqlalchemy.exc import DBAPIError
+
         try:
             with engine.connect() as conn, conn.begin():
                 conn.execute(
@@ -384,8 +386,13 @@ class Harness:
                     .where(partitions.c.step_execution_id == step_execution_id)
                     .with_for_update(nowait=True)
                 ).all()
-        except Exception:  # noqa: BLE001 - NOWAIT refused: the row is locked
-            return True
+        except DBAPIError as exc:
+            # NOWAIT refused: the row is locked (a lock conflict, which the provider calls
+            # transient). Anything else (a statement the dialect cannot compile, a lost
+            # server) is not an answer: it is raised, never read as "locked".
+            if self.provider.is_transient(exc):
+                return True
+            raise
         return False
 
     # --- the end ----------------------------------------------------------------------------------

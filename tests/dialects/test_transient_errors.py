@@ -223,6 +223,11 @@ def test_pyodbc_each_diagnostic_record_keeps_its_own_number() -> None:
         (1927, "Connection was killed"),
         (1213, "Deadlock found when trying to get lock; try restarting transaction"),
         (1205, "Lock wait timeout exceeded; try restarting transaction"),
+        (
+            3572,
+            "Statement aborted because lock(s) could not be acquired immediately and NOWAIT "
+            "is set.",
+        ),
     ],
 )
 def test_pymysql_numbered_errors(provider: str, errno: int, text: str) -> None:
