@@ -58,7 +58,9 @@ class JobRepository:
         #: Step and job transactions, repeated on transient errors under ``retry``.
         provider = _provider(engine)
         self.transactions = Transactions(engine, retry, Settling.of(provider))
-        db = Connections(engine, self.transactions, self.reader)
+        # An unclear commit is judged by locking reads: they wait for a commit still in flight
+        # (behind a pooler, or on MySQL and MariaDB, where its session cannot be ended first).
+        db = Connections(engine, self.transactions, self.reader, provider.locked)
         #: This database's combined statements, built once (see :mod:`dbcluster.batch.dao`).
         self.combined = CombinedStatements(provider, engine.dialect)
         #: The data access objects behind this façade.

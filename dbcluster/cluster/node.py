@@ -310,11 +310,11 @@ class Node:
         # Where the database can, the heartbeat carries the look for a lapsed lease.
         heartbeat.leases = leases
         sweeper = Sweeper(self.store, s, self.events, leases.acting(SWEEP), self.launches)
-        leases.want(SWEEP, sweeper.wake)
+        leases.want(SWEEP, sweeper)
         self.services.add(sweeper)
         if s.prune_after is not None:
             pruner = Pruner(self.store, s, self.events, leases.acting(PRUNE))
-            leases.want(PRUNE, pruner.wake)
+            leases.want(PRUNE, pruner)
             self.services.add(pruner)
         # The stranded-master scan and automatic restarts: one node of each application (the
         # jobs it can take over); a node that takes nothing over scans on its own.
@@ -331,11 +331,11 @@ class Node:
             lambda: leases.step_down(scanning),
         )
         if self.takeover is not None:
-            leases.want(scanning, stranded.wake)
+            leases.want(scanning, stranded)
         self.services.add(stranded)
         if self.relauncher is not None:
             restarts = AutoRestarts(self.repository, s, leases.acting(scanning), self.relauncher)
-            leases.want(scanning, restarts.wake)
+            leases.want(scanning, restarts)
             self.services.add(restarts)
         if self.capacity > 0:
             runtime = BatchRuntime(self.repository, LocalPartitionHandler(), self.registry)
@@ -376,7 +376,7 @@ class Node:
             acceptor.wake,
         )
         if schedules:
-            self.leases.want(firing, scheduler.wake)
+            self.leases.want(firing, scheduler)
         self.services.add(scheduler)
 
     def _service_died(self, service: Service, death: BaseException) -> None:

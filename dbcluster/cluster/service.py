@@ -8,6 +8,10 @@ A database outage (a restart, a crash, a switchover: errors the node's provider 
 ``is_outage``) is routine: each service logs one WARNING when it begins to meet it ("database
 unavailable; retrying", no traceback), nothing while it lasts, and one INFO once a turn works
 again. Any other failure of a body is an ERROR with its traceback: someone must look.
+
+A service remembers when a turn last did its work (:attr:`Service.last_good`): the lease of
+a leased service (:mod:`dbcluster.cluster.maintenance.leases`) is renewed only while its
+services keep up, so a holder whose turns keep failing or hang leaves the work to another node.
 """
 
 from __future__ import annotations
@@ -79,6 +83,9 @@ class Service:
         self.has_identity: Callable[[], bool] = _always
         self.outage = Outage(self.name)
         self._unavailable_this_turn = False
+        #: When a turn last did its work (monotonic): it ended without an error or an outage,
+        #: or a long turn said it got on (:meth:`progressed`).
+        self.last_good = time.monotonic()
 
     def run_once(self) -> None:
         raise NotImplementedError
@@ -92,6 +99,17 @@ class Service:
         self._unavailable_this_turn = True
         self.outage.began(error)
         return True
+
+    def progressed(self) -> None:
+        """A long turn did part of its work (one of its transactions committed): it is not
+        stuck, however long it runs."""
+        self.last_good = time.monotonic()
+
+    def behind(self) -> float:
+        """Seconds since a turn last did its work, beyond the interval a service that keeps
+        up waits between turns (0 or less: it keeps up). It grows while the turns fail, or
+        while one hangs."""
+        return time.monotonic() - self.last_good - self.interval_ms / 1000
 
     def wake(self) -> None:
         """Run the body now rather than at the end of the interval."""
@@ -120,6 +138,7 @@ class Service:
     def start(self) -> None:
         if self._thread is not None:
             raise RuntimeError(f"service {self.name} already started")
+        self.last_good = time.monotonic()
         self._thread = threading.Thread(target=self._loop, name=f"dbcluster-{self.name}")
         self._thread.daemon = True
         self._thread.start()
@@ -147,8 +166,10 @@ class Service:
                     if not self.unavailable(error):
                         log.exception("service %s failed", self.name)
                 else:
-                    if not self._unavailable_this_turn and self.has_identity():
-                        self.outage.ended()
+                    if not self._unavailable_this_turn:
+                        self.last_good = time.monotonic()
+                        if self.has_identity():
+                            self.outage.ended()
                 self._due = time.monotonic() + self.interval_ms / 1000
                 self._sleep()
                 self._due = None

@@ -48,20 +48,6 @@ class LeaseStatements(StatementFamily):
             self, node_id: Any, limit: int, steal_after_ms: int | None, unreachable_ms: int
         ) -> Select[Any]: ...
 
-    def take_lease(self, name: Any, holder: Any, term_ms: int) -> Update:
-        """Take or renew the lease ``name``: it changes the row when ``holder`` holds it, or its
-        holder has not renewed it for ``term_ms`` (exactly one contender wins: the row is
-        locked by the first UPDATE and the second sees it renewed)."""
-        leases = schema.leases
-        return (
-            update(leases)
-            .where(
-                leases.c.lease_name == name,
-                or_(leases.c.holder == holder, self.older_than(leases.c.renewed_at, term_ms)),
-            )
-            .values(holder=holder, renewed_at=self.now())
-        )
-
     def _lapsed(self, term_ms: int) -> ColumnElement[bool]:
         """The lease row is lapsed: not renewed for ``term_ms``, or its holder is not a
         registered node."""
@@ -138,10 +124,6 @@ class LeaseStatements(StatementFamily):
             .where(leases.c.lease_name == name, self._lapsed(term_ms))
             .values(holder=holder, renewed_at=self.now())
         )
-
-    def select_lease(self, name: str) -> Select[Any]:
-        leases = schema.leases
-        return select(leases.c.holder, leases.c.renewed_at).where(leases.c.lease_name == name)
 
     def insert_lease(self, name: Any, holder: Any) -> Insert:
         """The lease's first row (a duplicate-key error when another node inserted it first)."""

@@ -5,7 +5,9 @@ provider's :meth:`~dbcluster.dialects.base.QueryProvider.read_then_write` builds
 Each statement is compiled once, its placeholders renamed apart (``%(r_name)s``,
 ``%(w_name)s``), and the two texts joined; a run sends them as one ``COM_QUERY`` through
 SQLAlchemy (its error handling, statement events and lost-connection handling see it) and reads
-the read's rows, then the write's row count, from the driver's cursor.
+the read's rows, then the write's row count, from the driver's cursor. The write's error, which
+arrives only when its result is read, is given to SQLAlchemy's handling of a failed statement
+too, so it is judged as any statement's error is.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from sqlalchemy.engine import Connection, Dialect
-from sqlalchemy.exc import DBAPIError
 
+#: SQLAlchemy's handling of a failed statement (2.0 and 2.1), which the write's error takes.
+_HANDLES_FAILURES = callable(getattr(Connection, "_handle_dbapi_exception", None))
 #: A named placeholder (``%(name)s``) or an escaped ``%`` of a pyformat statement.
 _PYFORMAT = re.compile(r"%%|%\(([^)]+)\)s")
 
@@ -45,8 +48,9 @@ class PyformatPair:
     @classmethod
     def build(cls, read: Any, write: Any, dialect: Dialect) -> PyformatPair | None:
         """None where either statement cannot be sent as plain pyformat text (an expanding
-        IN list, a parameter the dialect processes before sending)."""
-        if dialect.paramstyle != "pyformat":
+        IN list, a parameter the dialect processes before sending), or where SQLAlchemy has no
+        handling of a failed statement to give the write's error to (then each goes alone)."""
+        if dialect.paramstyle != "pyformat" or not _HANDLES_FAILURES:
             return None
         texts: list[str] = []
         constants: dict[str, Any] = {}
@@ -72,20 +76,21 @@ class PyformatPair:
         result = conn.exec_driver_sql(self.sql, values)
         cursor = result.cursor
         try:
-            rows = list(cursor.fetchall())
-            if not cursor.nextset():
+            try:
+                rows = list(cursor.fetchall())
+                more = cursor.nextset()
+                count = int(cursor.rowcount)
+            except BaseException as error:
+                # The write's error arrives with its result, after SQLAlchemy's execute
+                # returned: it takes SQLAlchemy's own handling of a failed statement, as the
+                # read's would (wrapped; the engine's handle_error listeners called, such as
+                # the provider's that drops a session on a Galera node out of service; the
+                # connection invalidated when it was lost).
+                conn._handle_dbapi_exception(error, self.sql, values, cursor, result.context)
+            if not more:
                 # No second result: the write did not run (a proxy split or dropped it), and
                 # the cursor's rowcount would still be the read's.
                 raise RuntimeError("the statement pair's write returned no result")
-            return rows, int(cursor.rowcount)
-        except Exception as error:  # the write's error arrives with its result: wrapped
-            dbapi = conn.dialect.loaded_dbapi
-            if isinstance(error, dbapi.Error) and conn.dialect.is_disconnect(error, None, cursor):
-                conn.invalidate(error)
-            if isinstance(error, dbapi.Error):
-                raise DBAPIError.instance(
-                    self.sql, values, error, dbapi.Error, dialect=conn.dialect
-                ) from error
-            raise
+            return rows, count
         finally:
             result.close()

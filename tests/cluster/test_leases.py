@@ -242,6 +242,49 @@ def test_a_holder_gives_its_lease_up_when_its_drain_begins(backend: Backend) -> 
             stopper.join(60)
 
 
+@BACKENDS
+@pytest.mark.parametrize("fault", ["fails", "hangs"])
+def test_a_holder_whose_sweeps_do_not_work_leaves_the_lease_to_another(
+    backend: Backend, fault: str
+) -> None:
+    """The holder's sweep service raises every turn (or hangs in one) while its lease service
+    is healthy: it stops renewing the lease, and another node takes it and sweeps, marking a
+    dead node UNREACHABLE within the lease's usual bound (it renewed regardless, so nobody
+    ever swept again and a dead node's jobs hung)."""
+    sweeps = Sweeps()
+    with nodes(backend, 2, sweeps) as started:
+        wait_for(lambda: holders(started), 10, "a node to take the sweep lease")
+        (index,) = holders(started)
+        sweeper = started[index].services.get("sweep")
+        assert sweeper is not None
+        stuck = threading.Event()
+
+        def broken() -> None:
+            if fault == "hangs":
+                stuck.wait(60)
+            raise RuntimeError("this node's sweeps fail")
+
+        sweeper.run_once = broken  # type: ignore[method-assign]
+        try:
+            broke = time.monotonic()
+            CoordinationStore(backend.engine).register("dead-node", "nowhere", 1)
+            # The holder's last good turn ends within one sweep interval; a term past its next
+            # due time it gives up at its next renewal; the other takes it at its next look and
+            # sweeps at once (the dead node is unreachable by then: it was silent a term).
+            s = SETTINGS
+            bound_s = (s.unreachable_threshold + 2 * INTERVAL_MS + s.heartbeat_interval) / 1000
+            wait_for(
+                lambda: any(marked for _, marked, _ in sweeps.by(1 - index)),
+                bound_s + SLACK_S,
+                "the other node to take the lease and mark the dead node unreachable",
+            )
+            assert time.monotonic() - broke <= bound_s + SLACK_S
+            assert holders(started) == [1 - index]
+            assert all(marked == 0 for _, marked, _ in sweeps.by(index)), "the broken holder swept"
+        finally:
+            stuck.set()
+
+
 @pytest.mark.backends("postgresql", "mariadb")
 def test_an_idle_non_holder_reads_the_leases_only_inside_its_heartbeats(backend: Backend) -> None:
     """Where the database can send them together, a node that holds no lease looks for a lapsed

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import threading
+import time
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from sqlalchemy import func, select
@@ -11,10 +13,10 @@ from sqlalchemy import func, select
 from dbcluster import schema
 from dbcluster.cluster.events import ClusterEvents
 from dbcluster.cluster.identity import Identity
+from dbcluster.cluster.maintenance.leases import PRUNE, Leases
 from dbcluster.cluster.maintenance.pruner import (
     FINISHED,
     TABLES,
-    Lease,
     PrunePolicy,
     Pruner,
     Pruning,
@@ -23,6 +25,7 @@ from dbcluster.cluster.maintenance.pruner import (
 from dbcluster.cluster.settings import ClusterSettings, parse_age
 from dbcluster.cluster.store import CoordinationStore
 from dbcluster.errors import ConfigurationError
+from dbcluster.testing.app import TIME_SCALE
 from dbcluster.testing.backends import Backend
 from dbcluster.testing.history import Written, add_execution
 from dbcluster.testing.waiting import wait_for
@@ -165,19 +168,6 @@ def test_stops_between_transactions_and_finishes_later(backend: Backend) -> None
     assert _counts(backend) == {t: 0 for t in TABLES}
 
 
-def test_lease_is_held_by_one_node_at_a_time(backend: Backend) -> None:
-    store = CoordinationStore(backend.engine)
-    lease = Lease(store, "prune", term_ms=300)
-    assert lease.take("n1")
-    assert not lease.take("n2")
-    assert lease.take("n1"), "its holder renews it"
-    # Silent past its term: another node takes it, and the old holder has lost it.
-    wait_for(lambda: lease.take("n2"), timeout=10, what="the lease to pass to n2")
-    assert not lease.take("n1")
-    lease.give_up("n2")
-    assert lease.take("n1")
-
-
 class _Recorder(ClusterEvents):
     def __init__(self) -> None:
         self.pruned_by: list[tuple[str, dict[str, int]]] = []
@@ -186,34 +176,111 @@ class _Recorder(ClusterEvents):
         self.pruned_by.append((node_id, counts))
 
 
+def _leased(
+    store: CoordinationStore, settings: ClusterSettings, events: ClusterEvents, node_id: str
+) -> tuple[Leases, Pruner]:
+    """A node's pruner and the lease service it prunes under (their turns run by the test)."""
+    identity = Identity(node_id)
+    store.register(node_id, "here", 0)
+    leases = Leases(store, settings, lambda: identity)
+    pruner = Pruner(store, settings, events, leases.acting(PRUNE))
+    leases.want(PRUNE, pruner)
+    return leases, pruner
+
+
 def test_pruners_on_two_nodes_prune_one_at_a_time(backend: Backend) -> None:
     e = backend.engine
     settings = ClusterSettings(prune_after=MONTH_MS, prune_interval=50)
     events = _Recorder()
-    nodes = [Identity(f"pruner-{n}") for n in range(2)]
-    pruners = [Pruner(CoordinationStore(e), settings, events, lambda i=i: i) for i in nodes]
+    nodes = [_leased(CoordinationStore(e), settings, events, f"pruner-{n}") for n in range(2)]
     add_execution(e, "nightly", "a", partitions_count=2)
-    # Both nodes try at once: the lease lets one of them prune.
+    # Both nodes look for the lease at once: one takes it, and only its pruner prunes.
     barrier = threading.Barrier(2)
 
-    def run(p: Pruner) -> None:
+    def run(leases: Leases) -> None:
         barrier.wait()
-        p.run_once()
+        leases.run_once()
 
-    threads = [threading.Thread(target=run, args=(p,)) for p in pruners]
+    threads = [threading.Thread(target=run, args=(leases,)) for leases, _ in nodes]
     for t in threads:
         t.start()
     for t in threads:
         t.join(30)
+    held = [leases.holding(PRUNE) is not None for leases, _ in nodes]
+    assert sorted(held) == [False, True]
+    for _, pruner in nodes:
+        pruner.run_once()
     assert len(events.pruned_by) == 1
     winner = events.pruned_by[0][0]
+    assert winner == f"pruner-{held.index(True)}"
     assert events.pruned_by[0][1]["batch_job_execution"] == 1
     # While the winner holds the lease, the other node prunes nothing.
     add_execution(e, "nightly", "b", partitions_count=1)
-    loser = next(p for p, i in zip(pruners, nodes, strict=True) if i.node_id != winner)
-    loser.run_once()
+    nodes[held.index(False)][1].run_once()
     assert len(events.pruned_by) == 1
     assert len(_executions(backend)) == 1
+
+
+def test_a_pruner_that_loses_its_lease_mid_prune_stops_and_another_takes_it(
+    backend: Backend,
+) -> None:
+    """The holder's lease service renews no more (frozen) while its pruner is part-way through
+    a prune that outlasts the term: the pruner stops after its current transaction, and
+    another node takes the lapsed lease within the term (the pruner renewed the lease row
+    itself, unguarded, every third of the term, so the lease outlived its holder's lease
+    service by up to a term and nobody could take it)."""
+    e = backend.engine
+    term_ms = round(2000 * TIME_SCALE)
+    term_s, slack_s = term_ms / 1000, 0.5 * TIME_SCALE
+    settings = ClusterSettings(
+        heartbeat_interval=100,
+        sweep_interval=100,
+        unreachable_threshold=term_ms,
+        cleanup_threshold=2 * term_ms,
+        prune_after=MONTH_MS,
+    )
+    events = _Recorder()
+    first_leases, first = _leased(CoordinationStore(e), settings, events, "pruner-1")
+    second_leases, _ = _leased(CoordinationStore(e), settings, events, "pruner-2")
+    taken_at = time.monotonic()
+    first_leases.run_once()
+    assert first_leases.holding(PRUNE) is not None
+    second_leases.run_once()
+    assert second_leases.holding(PRUNE) is None
+    written = [add_execution(e, "nightly", f"k{i}", partitions_count=5) for i in range(8)]
+    assert _count(backend, "batch_step_execution") == 6 * len(written)
+    first.policy = PrunePolicy(older_than_ms=MONTH_MS, batch_size=1)
+    # Each of its ~60 transactions takes a tenth of the term: the prune outlasts the term.
+    began: list[float] = []
+    pace = threading.Event()
+    transaction = first.store.transaction
+
+    def slow_transaction(work: Any, what: str, *args: Any, **kwargs: Any) -> Any:
+        began.append(time.monotonic())
+        pace.wait(term_s / 10)
+        return transaction(work, what, *args, **kwargs)
+
+    first.store.transaction = slow_transaction  # type: ignore[method-assign]
+    pruning = threading.Thread(target=first.run_once)
+    pruning.start()
+    try:
+        looked: list[float] = []
+
+        def taken() -> bool:
+            looked.append(time.monotonic())
+            second_leases.run_once()
+            return second_leases.holding(PRUNE) is not None
+
+        wait_for(taken, term_s + slack_s, "the other node to take the lapsed lease", poll=0.05)
+        took_at = looked[-1]
+    finally:
+        pruning.join(60)
+    assert not pruning.is_alive()
+    assert took_at - taken_at <= term_s + slack_s
+    # It stopped part-way: at most the transaction it was in began after the other took over.
+    assert len([b for b in began if b > took_at]) <= 1
+    assert _executions(backend), "the pruner did not stop"
+    assert _count(backend, "batch_step_execution") < 6 * len(written), "it pruned nothing"
 
 
 def test_node_prunes_on_its_own(backend: Backend) -> None:

@@ -12,6 +12,7 @@ import struct
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from sqlalchemy import text
@@ -108,6 +109,60 @@ def test_a_session_on_an_unready_galera_node_is_dropped_alone() -> None:
                 listener(context)
             assert context.is_disconnect is dropped
             assert context.invalidate_pool_on_disconnect is not dropped
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize(
+    ("error", "dropped"), [(NOT_READY, True), (NOT_PRIMARY, True), (CERTIFICATION, False)], ids=str
+)
+def test_a_statement_pairs_write_error_takes_the_rules_of_any_statement(
+    open_test_backend: Callable[[str], Backend],
+    monkeypatch: pytest.MonkeyPatch,
+    error: tuple[int, str, str],
+    dropped: bool,
+) -> None:
+    """The write of a read-then-write pair fails on the server (its error arrives when its
+    result is read, after the request's execute returned): the error is transient and a
+    1047/1180 drops the session, as for any statement (the pair wrapped the error itself and
+    asked only the driver's lost-connection test, so a Galera node out of service left the
+    session in the pool and its error looked permanent)."""
+    import pymysql
+    from sqlalchemy import select
+
+    from dbcluster import schema
+    from dbcluster.dialects import get_provider
+
+    engine = open_test_backend("mariadb").new_engine(autocommit=True)
+    try:
+        provider = get_provider(engine)
+        pair = provider.read_then_write(
+            select(schema.nodes.c.node_id), provider.heartbeat("nobody", 0), engine.dialect
+        )
+        assert pair is not None
+        with engine.connect() as conn:
+            assert pair.run(conn, {})[1] == 0  # the pair works on this server
+
+        # The server's answer to the write is the error: PyMySQL raises it when the write's
+        # result is asked for (the first nextset after the request; execute's own nextset,
+        # before it sends, and any later one read the wire as usual).
+        nextset = pymysql.cursors.Cursor.nextset
+        answered: list[bool] = []
+
+        def write_fails(cursor: Any) -> bool | None:
+            if cursor._executed is not None and not answered:
+                answered.append(True)
+                raise _server_error(*error)
+            return nextset(cursor)
+
+        monkeypatch.setattr(pymysql.cursors.Cursor, "nextset", write_fails)
+        with engine.connect() as conn:
+            with pytest.raises(DBAPIError) as raised:
+                pair.run(conn, {})
+            assert conn.invalidated is dropped
+        assert provider.is_transient(raised.value)
+        assert raised.value.connection_invalidated is dropped
+        assert answered, "the write's error was never raised"
     finally:
         engine.dispose()
 

@@ -23,9 +23,9 @@ def _statements(provider: QueryProvider) -> list:
         provider.select_instances_of(),
         provider.delete_empty_instances(),
         *provider.count_prunable(provider.select_prunable(statuses, age, "COMPLETED", 2)).values(),
-        provider.take_lease("prune", "n", 10_000),
         provider.insert_lease("prune", "n"),
-        provider.select_lease("prune"),
+        provider.take_lapsed_lease("prune", "n", 10_000),
+        provider.renew_leases(["prune"], "n", 10_000),
         provider.release_lease("prune", "n"),
     ]
 

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Engine, select
+from sqlalchemy import Connection, Engine, Select, select
 
 from dbcluster.batch.dao.statements import INSERT, INSERT_RETURNING
 from dbcluster.batch.exceptions import OptimisticLockingFailureError
@@ -23,10 +23,20 @@ class Connections:
     autocommit engine of the same database makes each statement one round trip: no BEGIN, no
     ROLLBACK), and its step and job :class:`Transactions`."""
 
-    def __init__(self, engine: Engine, transactions: Transactions, reader: Engine) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        transactions: Transactions,
+        reader: Engine,
+        locked: Callable[[Select[Any]], Select[Any]] | None = None,
+    ) -> None:
         self.engine = engine
         self.reader = reader
         self.transactions = transactions
+        #: A read made a locking read (the provider's ``locked``; as it is where none was
+        #: given): what judges an unclear commit, so that it waits for a transaction still
+        #: committing the row and reads the latest committed version, never a stale snapshot.
+        self.locked: Callable[[Select[Any]], Select[Any]] = locked or _as_is
 
     @contextmanager
     def transaction(self, conn: Connection | None = None) -> Iterator[Connection]:
@@ -57,6 +67,10 @@ class Connections:
         return int(result.inserted_primary_key[0])
 
 
+def _as_is(stmt: Select[Any]) -> Select[Any]:
+    return stmt
+
+
 class Dao:
     """A data access object: one kind of record's statements, run on :class:`Connections`."""
 
@@ -80,17 +94,21 @@ def retried_read(method: F) -> F:
 
 
 def version_is(
-    table: Any, key: Any, execution_id: int, version: int, what: str
+    table: Any,
+    key: Any,
+    execution_id: int,
+    version: int,
+    what: str,
+    locked: Callable[[Select[Any]], Select[Any]] = _as_is,
 ) -> Callable[[Connection], bool]:
     """Verifier of an unclear commit: the execution's row (``key`` = ``execution_id`` in
-    ``table``) carries ``version``. A row at any other version than that or the one before was
+    ``table``) carries ``version``, read by a locking read (``locked``: see
+    :attr:`Connections.locked`). A row at any other version than that or the one before was
     written by someone else."""
+    read = locked(select(table.c.version).where(key == execution_id))
 
     def verify(conn: Connection) -> bool:
-        found = conn.execute(
-            select(table.c.version).where(key == execution_id)
-        ).scalar_one_or_none()
-        return judge_version(found, version, what)
+        return judge_version(conn.execute(read).scalar_one_or_none(), version, what)
 
     return verify
 

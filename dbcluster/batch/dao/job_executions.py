@@ -49,6 +49,7 @@ class JobExecutionDao(Dao):
             execution.id,
             version,
             f"job execution {execution.id}",
+            self.db.locked,
         )
 
     # --- writing -----------------------------------------------------------------------------

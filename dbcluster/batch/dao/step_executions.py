@@ -76,6 +76,7 @@ class StepExecutionDao(Dao):
             execution.id,
             version,
             f"step execution {execution.id}",
+            self.db.locked,
         )
 
     def step_versions_are(
@@ -87,9 +88,13 @@ class StepExecutionDao(Dao):
         version before were ended by someone else, who moved their partitions first); raises
         when a row is at neither version."""
         expected = {se.id: (version, se) for se, version in zip(executions, versions, strict=True)}
-        read = select(
-            STEP_EXECUTION.c.step_execution_id, STEP_EXECUTION.c.version, STEP_EXECUTION.c.status
-        ).where(STEP_EXECUTION.c.step_execution_id.in_(list(expected)))
+        read = self.db.locked(
+            select(
+                STEP_EXECUTION.c.step_execution_id,
+                STEP_EXECUTION.c.version,
+                STEP_EXECUTION.c.status,
+            ).where(STEP_EXECUTION.c.step_execution_id.in_(list(expected)))
+        )
 
         def verify(conn: Connection) -> bool:
             found = {int(r[0]): (r[1], r[2]) for r in conn.execute(read)}

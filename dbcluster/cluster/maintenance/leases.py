@@ -26,6 +26,16 @@ clock:
   by its successor at ``unreachable_threshold`` plus at most one ``sweep_interval``, the bound
   a single sweeper always had.
 
+A holder renews a lease only while the services it holds it for keep up: once one of them has
+not done its work for a term past its turn's due time (its turns keep failing, or one hangs:
+:meth:`Service.behind`), the holder gives the lease up instead of renewing it and leaves it to
+the other nodes for a term, so a node whose sweeps fail does not keep the lease, and the
+cluster's sweeps, for as long as it lives. Another node then takes it within the usual bound
+(at most ``heartbeat_interval`` after the term, plus one ``sweep_interval``). A healthy holder
+never gives up: its services' turns end well inside their interval. A database outage fails
+every node's turns alike; a holder that gives up after one changes nothing but who holds the
+lease (the lease is guarded, and the outage stops renewals anyway).
+
 A node acts for a lease only while it holds it by its own clock too: until ``term`` after it
 sent its last renewal that landed (the database set ``renewed_at`` no earlier), so normally
 no two nodes act at once. Correctness never depends on it: a holder frozen after its check that
@@ -54,7 +64,7 @@ log = logging.getLogger("dbcluster.node")
 
 #: The sweeps (mark UNREACHABLE, remove) and putting back the launch requests of removed nodes.
 SWEEP = "sweep"
-#: Pruning (``prune_after``); the pruner also holds it across a long prune (``pruner.Lease``).
+#: Pruning (``prune_after``); a long prune checks between its transactions that it still holds it.
 PRUNE = "prune"
 
 
@@ -87,9 +97,13 @@ class Leases(Service):
         self.renew_ms = settings.heartbeat_interval
         #: How often a node that holds none of its leases looks for a lapsed one.
         self.check_ms = settings.sweep_interval
-        self._wanted: dict[str, list[Callable[[], None]]] = {}
+        #: Lease name -> the services that act for it (woken when it is taken; it is renewed
+        #: only while they keep up).
+        self._wanted: dict[str, list[Service]] = {}
         #: Lease name -> (the identity holding it, monotonic time until which it does).
         self._held: dict[str, tuple[Identity, float]] = {}
+        #: Lease name -> when this node took it (monotonic): its services are judged from then.
+        self._taken: dict[str, float] = {}
         #: Lease name -> monotonic time before which this node does not take it again (it
         #: stepped down).
         self._resting: dict[str, float] = {}
@@ -97,12 +111,13 @@ class Leases(Service):
         self._seen: tuple[float, str, Mapping[str, LeaseRow]] | None = None
         self._lock = threading.Lock()
 
-    def want(self, name: str, on_taken: Callable[[], None] | None = None) -> None:
-        """Contend for lease ``name`` (before the node starts); ``on_taken()`` is called each
-        time this node takes it (a leased service's ``wake``: it acts at once)."""
-        callbacks = self._wanted.setdefault(name, [])
-        if on_taken is not None:
-            callbacks.append(on_taken)
+    def want(self, name: str, service: Service | None = None) -> None:
+        """Contend for lease ``name`` (before the node starts) for ``service``: it is woken each
+        time this node takes the lease (it acts at once), and the lease is renewed only while
+        it keeps up (see the module doc)."""
+        services = self._wanted.setdefault(name, [])
+        if service is not None:
+            services.append(service)
 
     def acting(self, name: str) -> Callable[[], Identity | None]:
         """What a service leased by ``name`` acts under: the node's usable identity while it
@@ -117,16 +132,20 @@ class Leases(Service):
             return None
         return identity if time.monotonic() < held[1] else None
 
-    def step_down(self, name: str) -> None:
+    def step_down(self, name: str, why: str = "") -> None:
         """Give lease ``name`` up now and leave it to the other nodes for one term: its holder
         met work it must not do itself (a stranded job an earlier identity of this node is
-        still taking over), which another node then does."""
+        still taking over), or its services do not keep up (``why``), and another node then
+        does the work."""
         with self._lock:
             held = self._held.pop(name, None)
             self._resting[name] = time.monotonic() + self.term_ms / 1000
         if held is None:
             return
-        log.info("node %s gives the %s lease up for a while", held[0].node_id, name)
+        if why:
+            log.warning("node %s gives the %s lease up for a while: %s", held[0].node_id, name, why)
+        else:
+            log.info("node %s gives the %s lease up for a while", held[0].node_id, name)
         try:
             self.store.release_lease(name, held[0].node_id)
         except Exception as exc:  # noqa: BLE001 - it lapses after its term instead
@@ -193,11 +212,29 @@ class Leases(Service):
             self._take(identity, missing)
         self.interval_ms = self.renew_ms if self._held else self.check_ms
 
+    def _lagging(self, name: str) -> str | None:
+        """Why this node must not renew lease ``name`` (a service of it has not done its work
+        for a term past its due time, judged from when the node took the lease), or None."""
+        term_s = self.term_ms / 1000
+        held_for = time.monotonic() - self._taken.get(name, 0.0)
+        for service in self._wanted.get(name, ()):
+            behind = min(service.behind(), held_for - service.interval_ms / 1000)
+            if behind > term_s:
+                return f"its {service.name} service has done no work for {behind:.1f} s past due"
+        return None
+
     def _renew(self, identity: Identity) -> None:
-        """Renew every lease held, in one statement (a read more when one was lost)."""
+        """Renew every lease held, in one statement (a read more when one was lost); a lease
+        whose services do not keep up is given up instead."""
         with self._lock:
             # Held under an earlier identity of this node: it lapses once that id is gone.
             self._held = {n: h for n, h in self._held.items() if h[0] is identity}
+            names = sorted(self._held)
+        for name in names:
+            why = self._lagging(name)
+            if why is not None:
+                self.step_down(name, why)
+        with self._lock:
             names = sorted(self._held)
         if not names:
             return
@@ -233,10 +270,11 @@ class Leases(Service):
                 continue
             with self._lock:
                 self._held[name] = (identity, sent + self.term_ms / 1000)
+                self._taken[name] = sent
             was = "" if row is None or row.holder == me else f" from {row.holder}"
             log.info("node %s holds the %s lease%s", me, name, was)
-            for on_taken in self._wanted[name]:
-                on_taken()
+            for service in self._wanted[name]:
+                service.wake()
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop, and give up what this node holds, so that another node takes it at its next

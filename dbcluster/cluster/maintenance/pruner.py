@@ -21,9 +21,10 @@ every lock wait bounded (the store's engine), so a node that claims and heartbea
 at most one slice. A prune that stops part-way (a crash, a lost lease) leaves only executions
 that may still go: the next prune finishes them.
 
-One node at a time: the :class:`Pruner` service runs only while it holds the ``prune`` lease (a
-row of ``batch_leases``, taken and renewed with a guarded UPDATE; see :class:`Lease`), like
-Oban's Pruner that runs only on the leader.
+One node at a time: the :class:`Pruner` service runs only while its node holds the ``prune``
+lease (:mod:`.leases`: taken, renewed and fenced by the node's lease service, like every leased
+service's), like Oban's Pruner that runs only on the leader; it checks between its transactions
+that the node still holds it, and stops there once it does not.
 """
 
 from __future__ import annotations
@@ -75,7 +76,6 @@ TABLES = tuple(
         job_instance,
     )
 )
-LEASE = "prune"
 
 
 def parse_statuses(text: str | None) -> tuple[str, ...]:
@@ -313,51 +313,11 @@ def _run(conn: Connection, parts: Sequence[Any], params: dict[str, Any]) -> int:
     return max(0, int(rowcount))
 
 
-class Lease:
-    """A named lease in ``batch_leases`` held by one node at a time: taken when it is free or
-    its holder stopped renewing it for ``term_ms`` (one guarded UPDATE; an INSERT the first
-    time, which only one node wins), renewed by its holder, given up by deleting it."""
-
-    def __init__(self, store: CoordinationStore, name: str, term_ms: int) -> None:
-        self.store = store
-        self.name = name
-        self.term_ms = term_ms
-
-    def take(self, holder: str) -> bool:
-        """Take or renew it for ``holder``; True when ``holder`` holds it now."""
-        store = self.store
-        provider = store.provider
-        take = store.prepared(
-            ("lease-take", self.name, holder, self.term_ms),
-            lambda: provider.bounded(provider.take_lease(self.name, holder, self.term_ms)),
-        )
-        if store.transaction(lambda conn: _run(conn, take, {}), "take lease") == 1:
-            return True
-        exists = store.prepared(
-            ("lease-exists", self.name), lambda: provider.select_lease(self.name)
-        )
-        if store.transaction(lambda conn: conn.execute(exists).first(), "read lease") is not None:
-            return False
-        # No row yet (the first time): one INSERT wins, the others fail on the key.
-        first = store.prepared(
-            ("lease-insert", self.name, holder), lambda: provider.insert_lease(self.name, holder)
-        )
-        try:
-            store.transaction(lambda conn: conn.execute(first), "insert lease")
-        except IntegrityError:
-            return False
-        return True
-
-    def give_up(self, holder: str) -> None:
-        provider = self.store.provider
-        release = provider.bounded(provider.release_lease(self.name, holder))
-        self.store.transaction(lambda conn: _run(conn, release, {}), "release lease")
-
-
 class Pruner(Service):
     """Every ``prune_interval``, the node holding the ``prune`` lease prunes finished
-    executions older than ``prune_after`` (renewing its lease between transactions; a node
-    that loses it stops at once)."""
+    executions older than ``prune_after``; between its transactions it checks that the node
+    still holds the lease (``usable_identity``: the lease service's ``acting(PRUNE)``), and
+    stops there once it does not."""
 
     name = "prune"
 
@@ -374,31 +334,27 @@ class Pruner(Service):
         self.store = store
         self.settings = settings
         self.events = events
+        #: The identity this node prunes under: its own while it holds the ``prune`` lease.
         self.usable_identity = usable_identity
         self.policy = PrunePolicy(
             older_than_ms=settings.prune_after,
             batch_size=min(500, store.provider.partition_write_batch),
         )
         self.pruning = Pruning(store)
-        # Longer than a slice can take and than a heartbeat's silence before a node is suspect.
-        self.lease = Lease(store, LEASE, settings.unreachable_threshold)
 
     def run_once(self) -> None:
         identity = self.usable_identity()
-        if identity is None or not self.lease.take(identity.node_id):
+        if identity is None:
             return
-        renewed = time.monotonic()
 
         def keep_going() -> bool:
-            nonlocal renewed
-            if self.stopped or self.usable_identity() is not identity:
+            if self.stopped:
                 return False
-            # Renewed well inside its term: another node can take it only from a silent holder.
-            if time.monotonic() - renewed > self.lease.term_ms / 3000:
-                if not self.lease.take(identity.node_id):
-                    log.warning("prune: lease lost; stopping")
-                    return False
-                renewed = time.monotonic()
+            if self.usable_identity() is not identity:
+                log.info("prune: node %s no longer holds the lease; stopping", identity.node_id)
+                return False
+            # A transaction committed: a long prune is getting on (its lease stays renewed).
+            self.progressed()
             return True
 
         result = self.pruning.prune(self.policy, keep_going)

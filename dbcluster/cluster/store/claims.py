@@ -369,7 +369,9 @@ class Claims(Connector):
         return self.guarded(
             self.provider.release_partition(step_execution_id, node_id, attempt),
             "release",
-            partition_is(step_execution_id, PARTITION_PENDING, None, attempt + 1),
+            partition_is(
+                step_execution_id, PARTITION_PENDING, None, attempt + 1, self.provider.locked
+            ),
         )
 
     def release_pending(self, node_id: str) -> int:

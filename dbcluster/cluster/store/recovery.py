@@ -122,7 +122,13 @@ class Recovery(WakeUps):
             self.wake_nodes(conn, [to_node])
             return True
 
-        verify = partition_is(orphan.step_execution_id, PARTITION_PENDING, to_node, orphan.attempt)
+        verify = partition_is(
+            orphan.step_execution_id,
+            PARTITION_PENDING,
+            to_node,
+            orphan.attempt,
+            self.provider.locked,
+        )
         return self.transaction(work, "reassign", lambda conn: True if verify(conn) else None)
 
     def fail_orphan(
@@ -164,7 +170,11 @@ class Recovery(WakeUps):
             return True
 
         verify = partition_is(
-            orphan.step_execution_id, PARTITION_FAILED, orphan.assigned_node, orphan.attempt
+            orphan.step_execution_id,
+            PARTITION_FAILED,
+            orphan.assigned_node,
+            orphan.attempt,
+            self.provider.locked,
         )
         return self.transaction(work, "fail orphan", lambda conn: True if verify(conn) else None)
 
@@ -239,7 +249,11 @@ class Recovery(WakeUps):
             return True
 
         verify = coordination_is(
-            job.job_execution_id, COORD_RECOVERING, new_owner, won.master_epoch
+            job.job_execution_id,
+            COORD_RECOVERING,
+            new_owner,
+            won.master_epoch,
+            self.provider.locked,
         )
         claimed = self.transaction(
             claim, "claim stranded master", lambda conn: True if verify(conn) else None
@@ -258,7 +272,11 @@ class Recovery(WakeUps):
         )
 
         verify = coordination_is(
-            job.job_execution_id, COORD_STARTED, job.master_node, job.master_epoch
+            job.job_execution_id,
+            COORD_STARTED,
+            job.master_node,
+            job.master_epoch,
+            self.provider.locked,
         )
         return self.guarded(stmt, "start mastership", verify)
 

@@ -383,8 +383,6 @@ CALLS: dict[str, Callable[[QueryProvider], list[Any]]] = {
         p.count_prunable(p.select_prunable(["COMPLETED"], 30 * _DAY_MS, "COMPLETED", 3)).values()
     ),
     # leases
-    "take_lease": lambda p: [p.take_lease("prune", "n", 60_000)],
-    "select_lease": lambda p: [p.select_lease("prune")],
     "insert_lease": lambda p: [p.insert_lease("prune", "n")],
     "release_lease": lambda p: [p.release_lease("prune", "n")],
     "select_leases": lambda p: [p.select_leases(10_000)],
