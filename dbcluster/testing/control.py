@@ -135,6 +135,37 @@ def result_sizes(node: Node, method: str) -> list[int]:
     return sizes
 
 
+def poll_sizes(node: Node) -> list[int]:
+    """How many partitions each later poll of the node found, in order: its own polls
+    (``poll_jobs``) and the polls its heartbeat carries (``beat_and_poll``, and
+    ``beat_reading_leases`` when it carries one), where the database sends them together."""
+    sizes: list[int] = []
+    store = node.store
+    own, with_beat, with_leases = store.poll_jobs, store.beat_and_poll, store.beat_reading_leases
+
+    def polled(*args: Any, **kwargs: Any) -> Any:
+        found = own(*args, **kwargs)
+        sizes.append(len(found))
+        return found
+
+    def beat_polled(node_id: str, load: int, limit: int, **kwargs: Any) -> Any:
+        both = with_beat(node_id, load, limit, **kwargs)
+        if both is not None:
+            sizes.append(len(both[1]))
+        return both
+
+    def beat_read(node_id: str, load: int, limit: int | None, *args: Any, **kwargs: Any) -> Any:
+        all_three = with_leases(node_id, load, limit, *args, **kwargs)
+        if all_three is not None and limit is not None:
+            sizes.append(len(all_three[1]))
+        return all_three
+
+    store.poll_jobs = polled  # type: ignore[method-assign]
+    store.beat_and_poll = beat_polled  # type: ignore[method-assign]
+    store.beat_reading_leases = beat_read  # type: ignore[method-assign]
+    return sizes
+
+
 def drop_connection(engine: Engine, dbapi_connection: Any) -> BaseException:
     """Close a driver connection as a dropped network would, and return the error its driver
     raises then: one the engine's dialect judges a lost connection (so SQLAlchemy invalidates

@@ -14,7 +14,7 @@ from dbcluster.batch.status import BatchStatus
 from dbcluster.schema import partitions, step_execution
 from dbcluster.testing.app import FAST_SETTINGS, ledger
 from dbcluster.testing.backends import Backend
-from dbcluster.testing.control import hold_services, record_events, result_sizes
+from dbcluster.testing.control import hold_services, poll_sizes, record_events, result_sizes
 from dbcluster.testing.waiting import in_thread, wait_for
 
 #: Nodes are not removed during these tests: what moves a partition is a steal, never the
@@ -165,7 +165,7 @@ def test_a_wake_up_names_what_it_placed_and_the_node_claims_it_without_polling(
     """The placement's notification carries the ids it put on the node: the woken node claims
     them at once; no poll finds them (a poll after a freed slot may still look for more)."""
     master, worker = _idle_listening_pair(backend, make_cluster)
-    polls = result_sizes(worker.node, "poll_jobs")
+    polls = poll_sizes(worker.node)
     execution = _launch(master, {"run": 7}, within=5.0)
     assert execution.status is BatchStatus.COMPLETED, execution.exit_status
     assert len(_rows(backend)) == 4
@@ -179,7 +179,7 @@ def test_a_master_that_is_also_a_worker_claims_what_it_placed_on_itself_without_
     master = make_cluster(settings)
     assert master.node.worker is not None
     wait_for(lambda: master.node.worker.interval_ms == 10_000, what="the node's poll to relax")
-    polls = result_sizes(master.node, "poll_jobs")
+    polls = poll_sizes(master.node)
     execution = _launch(master, {"run": 8}, within=5.0)
     assert execution.status is BatchStatus.COMPLETED, execution.exit_status
     rows = _rows(backend)
@@ -195,7 +195,7 @@ def test_an_offer_another_node_took_is_not_won_and_the_node_polls_for_the_rest(
     master = make_cluster(NO_REMOVAL, work=False)
     worker = make_cluster(NO_REMOVAL)
     assert worker.node.worker is not None
-    polls = result_sizes(worker.node, "poll_jobs")
+    polls = poll_sizes(worker.node)
     execution = _launch(master, {"run": 9}, within=15.0)
     assert execution.status is BatchStatus.COMPLETED, execution.exit_status
     done = [r.step_execution_id for r in _rows(backend)]
