@@ -166,6 +166,24 @@ def poll_sizes(node: Node) -> list[int]:
     return sizes
 
 
+#: Per dialect: how many transactions of the database wait for a row lock now.
+_LOCK_WAITERS = {
+    "postgresql": "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+    "AND datname = current_database()",
+    "mysql": "SELECT count(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'",
+    "mariadb": "SELECT count(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'",
+}
+
+
+def lock_waiters(engine: Engine) -> int:
+    """How many transactions wait for a lock now (PostgreSQL, MySQL, MariaDB): for a test to
+    know that a statement it started is blocked, rather than not sent yet."""
+    from sqlalchemy import text
+
+    with engine.connect() as conn:
+        return int(conn.execute(text(_LOCK_WAITERS[engine.dialect.name])).scalar_one())
+
+
 def drop_connection(engine: Engine, dbapi_connection: Any) -> BaseException:
     """Close a driver connection as a dropped network would, and return the error its driver
     raises then: one the engine's dialect judges a lost connection (so SQLAlchemy invalidates
