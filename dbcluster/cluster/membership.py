@@ -145,8 +145,9 @@ class PollRider(Protocol):
 
 
 class LeaseRider(Protocol):
-    """The lease service's look for a lapsed lease, as the heartbeat carries it in its round
-    trip where the database can send the two together (see :meth:`Heartbeat.beat`)."""
+    """The lease service's look for a lapsed lease and a holder's renewal of its leases, as the
+    heartbeat carries them in its round trip where the database can send them together (see
+    :meth:`Heartbeat.beat`)."""
 
     def lease_term_to_read(self, node_id: str) -> int | None:
         """The term (ms) to judge the leases by, while the node under ``node_id`` wants a
@@ -154,6 +155,16 @@ class LeaseRider(Protocol):
 
     def leases_seen(self, node_id: str, rows: Mapping[str, Any]) -> None:
         """What that read found (lease name -> ``LeaseRow``), just now."""
+
+    def leases_to_renew(self, node_id: str) -> tuple[list[str], int] | None:
+        """The leases the node holds under ``node_id`` (the heartbeat renews them in its round
+        trip) and the term (ms) they are judged by; None when it holds none."""
+
+    def renewal_carried(
+        self, node_id: str, names: Sequence[str], sent: float, renewed: Sequence[str]
+    ) -> None:
+        """A heartbeat sent at ``sent`` (``time.monotonic()``) renewed those of ``names`` in
+        ``renewed``; the others did not land."""
 
 
 class Heartbeat(Service):
@@ -182,7 +193,8 @@ class Heartbeat(Service):
         self.rejoin = rejoin
         #: The worker's idle poll, carried where the two coincide (None: never).
         self.poll: PollRider | None = None
-        #: The leases' look for a lapsed one, carried where the database can (None: never).
+        #: The leases' look for a lapsed one and a holder's renewal, carried where the
+        #: database can (None: never).
         self.leases: LeaseRider | None = None
 
     def run_once(self) -> None:
@@ -230,13 +242,34 @@ class Heartbeat(Service):
     def send_with_poll(
         self, node_id: str, load: int, limit: int | None
     ) -> tuple[bool, list[tuple[int, int]]] | None:
-        """A heartbeat under ``node_id`` with a poll for ``limit`` partitions (none when None)
-        and, while the node wants a lease it does not hold, the leases' read (handed to
-        :attr:`leases`), in one round trip: (whether the node's row was there, what the poll
-        found). None where the database cannot send them together (nothing was sent)."""
+        """A heartbeat under ``node_id`` with a poll for ``limit`` partitions (none when None),
+        the renewal of the leases the node holds and, while it wants a lease it does not hold,
+        the leases' read (both handed to :attr:`leases`), in one round trip: (whether the
+        node's row was there, what the poll found). None where the database cannot send them
+        together (nothing was sent; a holder's lease service then renews on its own)."""
         s = self.membership.settings
         leases = self.leases
         term_ms = None if leases is None else leases.lease_term_to_read(node_id)
+        held = None if leases is None else leases.leases_to_renew(node_id)
+        if leases is not None and held is not None:
+            # A holder: the heartbeat renews its leases too.
+            names, renew_term_ms = held
+            sent = time.monotonic()
+            beat = self.store.beat_renewing(
+                node_id,
+                load,
+                names,
+                renew_term_ms,
+                limit=limit,
+                read_leases=term_ms is not None,
+                steal_after_ms=s.work_stealing_delay,
+                unreachable_ms=s.unreachable_threshold,
+            )
+            if beat is not None:
+                leases.renewal_carried(node_id, names, sent, beat.renewed)
+                if beat.alive and beat.leases is not None:
+                    leases.leases_seen(node_id, beat.leases)
+                return beat.alive, beat.found
         if leases is not None and term_ms is not None:
             all_three = self.store.beat_reading_leases(
                 node_id,

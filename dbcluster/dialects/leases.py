@@ -22,6 +22,7 @@ from sqlalchemy import (
     Integer,
     Select,
     Update,
+    and_,
     case,
     cast,
     delete,
@@ -47,6 +48,8 @@ class LeaseStatements(StatementFamily):
         def select_claimable(
             self, node_id: Any, limit: int, steal_after_ms: int | None, unreachable_ms: int
         ) -> Select[Any]: ...
+
+        def heartbeat_values(self, load: Any) -> dict[Any, Any]: ...
 
     def _lapsed(self, term_ms: int) -> ColumnElement[bool]:
         """The lease row is lapsed: not renewed for ``term_ms``, or its holder is not a
@@ -114,6 +117,46 @@ class LeaseStatements(StatementFamily):
             )
             .values(renewed_at=self.now())
         )
+
+    def heartbeat_renewing(
+        self, node_id: Any, load: Any, names: Any, term_ms: int
+    ) -> Update | None:
+        """The node's heartbeat (``heartbeat``) and its renewal of the leases ``names`` it holds
+        (:meth:`renew_leases`, under the same fence) as one UPDATE, where the database updates
+        two joined tables in one (:attr:`supports_multi_table_update`): the node's row, outer
+        joined to those of its lease rows that it holds and that have not lapsed (the node's
+        row being there is what "its holder is registered" asks). Its row count is the node
+        rows it changed (1; 0 when the node was removed, and then it renewed nothing) plus the
+        lease rows it renewed (rows matched: ``CLIENT_FOUND_ROWS``, which SQLAlchemy's MySQL
+        drivers set). ``names``: a list (of bound parameters, so that a driver can send it as
+        plain text beside a read: see ``read_then_write``). None elsewhere."""
+        if not self.supports_multi_table_update:
+            return None
+        leases, nodes = schema.leases, schema.nodes
+        held = and_(
+            leases.c.lease_name.in_(names),
+            leases.c.holder == nodes.c.node_id,
+            ~self.older_than(leases.c.renewed_at, term_ms),
+        )
+        return (
+            update(nodes.outerjoin(leases, held))
+            .where(nodes.c.node_id == node_id)
+            .values({**self.heartbeat_values(load), leases.c.renewed_at: self.now()})
+        )
+
+    def heartbeat_renewing_and_read(
+        self, node_id: Any, load: Any, names: Any, term_ms: int, read: Any = None
+    ) -> Select[Any] | None:
+        """The node's heartbeat, its renewal of the leases ``names`` it holds
+        (:meth:`renew_leases`, under the same fence) and ``read`` (a SELECT or a UNION of
+        SELECTs, such as ``select_claimable`` or :meth:`poll_and_leases`; None: no read) in one
+        statement that commits on its own, where the database can write in a read (PostgreSQL:
+        a data-modifying CTE): one row per row of ``read``, or one whose ``read`` columns are
+        NULL when it has none (or there is no read); each row's first column ``alive`` counts
+        the node rows the heartbeat changed (0: the node was removed and must fence), its
+        second ``renewed`` lists the names of the leases it renewed. None: elsewhere (see
+        :meth:`heartbeat_renewing`)."""
+        return None
 
     def take_lapsed_lease(self, name: Any, holder: Any, term_ms: int) -> Update:
         """Take the lease ``name`` once it has lapsed (see :meth:`select_leases`); exactly one

@@ -56,11 +56,16 @@ class NodeStatements(StatementFamily):
 
     def heartbeat(self, node_id: str, load: int) -> Update:
         """Refresh the heartbeat; changes no row when the node was removed (then it must fence)."""
-        return (
-            update(nodes)
-            .where(nodes.c.node_id == node_id)
-            .values(last_heartbeat=self.now(), current_load=load, status=NODE_ACTIVE)
-        )
+        return update(nodes).where(nodes.c.node_id == node_id).values(self.heartbeat_values(load))
+
+    def heartbeat_values(self, load: Any) -> dict[Any, Any]:
+        """What a heartbeat sets on the node's row (by column): also what a statement that
+        carries the heartbeat with another write sets (``heartbeat_renewing``)."""
+        return {
+            nodes.c.last_heartbeat: self.now(),
+            nodes.c.current_load: load,
+            nodes.c.status: NODE_ACTIVE,
+        }
 
     def set_node_capacity(self, node_id: str, capacity: int) -> Update:
         return update(nodes).where(nodes.c.node_id == node_id).values(capacity=capacity)

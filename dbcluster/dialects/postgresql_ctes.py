@@ -162,6 +162,29 @@ class WritableCTEProvider(QueryProvider):
         one = select(literal_column("1").label("one")).subquery("dbc_one")
         return select(alive, *found.c).select_from(one.outerjoin(found, true()))
 
+    def heartbeat_renewing_and_read(
+        self, node_id: Any, load: Any, names: Any, term_ms: int, read: Any = None
+    ) -> Select[Any] | None:
+        """The heartbeat and the holder's renewal (``renew_leases``, its fence unchanged, with
+        ``RETURNING`` the names it renewed) as data-modifying CTEs beside ``read``: one
+        statement, one round trip (the renewal's fence and ``read`` see the rows as they were
+        before the heartbeat; the two CTEs write different tables)."""
+        if not self.supports_writable_cte:
+            return None
+        leases = schema.leases
+        beat = self.heartbeat(node_id, load).returning(nodes.c.node_id).cte("dbc_beat")
+        renew = self.renew_leases(names, node_id, term_ms).returning(leases.c.lease_name)
+        renewed = renew.cte("dbc_renew")
+        columns = [
+            select(func.count()).select_from(beat).scalar_subquery().label("alive"),
+            select(func.array_agg(renewed.c.lease_name)).scalar_subquery().label("renewed"),
+        ]
+        one = select(literal_column("1").label("one")).subquery("dbc_one")
+        if read is None:
+            return select(*columns).select_from(one)
+        found = read.subquery("dbc_read")
+        return select(*columns, *found.c).select_from(one.outerjoin(found, true()))
+
     def claim_and_start(
         self, node_id: Any, step_execution_ids: Any, started_at: Any, load: Any
     ) -> Select[Any] | None:

@@ -32,10 +32,14 @@ SETTINGS = FAST_SETTINGS.with_overrides(
 
 def _kind(sql: str) -> str | None:
     """What a statement of the autocommit engine is: a poll, a heartbeat, both, or else None."""
-    polls = sql.lstrip().startswith("SELECT batch_partitions.step_execution_id") or (
-        "dbc_poll" in sql
+    polls = (
+        sql.lstrip().startswith("SELECT batch_partitions.step_execution_id")
+        or "dbc_poll" in sql
+        # A lease holder's heartbeat (it renews its leases too) with its poll, on PostgreSQL.
+        or ("dbc_renew" in sql and "FROM batch_partitions" in sql)
     )
-    beats = "UPDATE batch_nodes SET status" in sql
+    # A lease holder's heartbeat on MySQL and MariaDB: its node row joined to its lease rows.
+    beats = "UPDATE batch_nodes SET status" in sql or "UPDATE batch_nodes LEFT OUTER JOIN" in sql
     if polls and beats:
         return "both"
     if polls:

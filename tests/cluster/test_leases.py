@@ -15,6 +15,7 @@ import pytest
 from dbcluster import points
 from dbcluster.batch.registry import JobRegistry
 from dbcluster.cluster.maintenance.leases import SWEEP
+from dbcluster.cluster.membership import Heartbeat
 from dbcluster.cluster.node import Node
 from dbcluster.cluster.settings import ClusterSettings
 from dbcluster.cluster.store import CoordinationStore
@@ -95,6 +96,26 @@ def frozen(node: Node, service: str) -> Iterator[Callable[[], None]]:
         target.gate = None
 
 
+@contextmanager
+def renewals_stopped(node: Node) -> Iterator[Callable[[], None]]:
+    """Nothing of ``node`` renews its leases until released (or the end): its lease service is
+    frozen and its heartbeat carries no renewal (nor any lease read)."""
+    heartbeat = node.services.get("heartbeat")
+    assert isinstance(heartbeat, Heartbeat)
+    rider = heartbeat.leases
+    with frozen(node, "leases") as thaw:
+        heartbeat.leases = None
+
+        def release() -> None:
+            heartbeat.leases = rider
+            thaw()
+
+        try:
+            yield release
+        finally:
+            heartbeat.leases = rider
+
+
 @BACKENDS
 def test_one_holder_at_a_time_and_only_it_sweeps(backend: Backend) -> None:
     sweeps = Sweeps()
@@ -121,7 +142,7 @@ def test_a_lapsed_lease_is_taken_within_one_interval(backend: Backend) -> None:
         wait_for(lambda: holders(started), 10, "a node to take the sweep lease")
         (index,) = holders(started)
         old = started[index].node_id
-        with frozen(started[index], "leases") as thaw:
+        with renewals_stopped(started[index]) as thaw:
             # Its heartbeat goes on (it is alive); its lease is not renewed.
             # Lapsed, or already taken (a taker may look a moment after the lapse, between two
             # of these reads).
@@ -155,6 +176,32 @@ def test_a_lapsed_lease_is_taken_within_one_interval(backend: Backend) -> None:
 
 
 @BACKENDS
+def test_a_holder_whose_lease_service_hangs_loses_the_lease_though_its_heartbeat_goes_on(
+    backend: Backend,
+) -> None:
+    """Where the heartbeat carries the holder's renewal, it stops carrying it once the lease
+    service stops keeping up (a hung thread): the lease lapses and another node takes it, as
+    it did when only that service renewed. (Carried regardless, a holder whose lease service
+    hung kept its lease, and the cluster's maintenance with it, for as long as it beat.)"""
+    settings = SETTINGS
+    with nodes(backend, 2) as started:
+        wait_for(lambda: holders(started), 10, "a node to take the sweep lease")
+        (index,) = holders(started)
+        old = started[index].node_id
+        leases = started[index].leases
+        # The longest the heartbeat goes on renewing for a service that stopped, then the term.
+        bound_s = (
+            leases.renew_ms + leases.grace_ms + settings.unreachable_threshold + INTERVAL_MS
+        ) / 1000 + SLACK_S
+        with frozen(started[index], "leases"):
+            wait_for(
+                lambda: (h := holder(backend)) is not None and h[0] != old and not h[1],
+                bound_s + settings.heartbeat_interval / 1000,
+                "another node to take the lease of the hung service",
+            )
+
+
+@BACKENDS
 def test_a_holder_that_wakes_after_losing_its_lease_removes_nobody_twice(backend: Backend) -> None:
     """The holder is frozen after its lease check, about to sweep; another node takes the lapsed
     lease and removes a dead node; the old holder wakes and sweeps: its guarded statements find
@@ -164,7 +211,7 @@ def test_a_holder_that_wakes_after_losing_its_lease_removes_nobody_twice(backend
         wait_for(lambda: first.leases.holding(SWEEP), 10, "the first node to take the lease")
         me = first.node_id
         with (
-            frozen(first, "leases"),
+            renewals_stopped(first),
             points.parked(
                 "maintenance.leased", lambda service, node_id: service == "sweep" and node_id == me
             ) as parking,

@@ -9,7 +9,14 @@ clock:
 - its holder renews it every ``heartbeat_interval``, with a guarded UPDATE (one for all the
   leases it holds) that changes a row only while this node still holds it and it has not
   lapsed (a fence: a holder that was silent past its term, or removed, must take it again like
-  anyone);
+  anyone). Where the database can send them together (PostgreSQL: one more data-modifying CTE
+  of the heartbeat's statement; MySQL and MariaDB: the heartbeat's UPDATE joined to the lease
+  rows), the heartbeat carries that renewal in its own round trip
+  (:meth:`Leases.leases_to_renew`, :meth:`Leases.renewal_carried`) and this service renews
+  on its own only when no heartbeat did for ``heartbeat_interval`` plus a grace (half of the
+  rest of the term); elsewhere it renews every ``heartbeat_interval`` itself. Either way a
+  lease is held until its renewal's send time plus the term, and one whose renewal did not
+  land is given up at once;
 - it lapses ``unreachable_threshold`` after its last renewal (a holder is trusted exactly as
   long as a node is: it lapses as its silent holder turns UNREACHABLE), or as soon as its holder
   is no longer a registered node (it left, or was removed);
@@ -53,7 +60,7 @@ import hashlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from dbcluster.cluster.identity import Identity
 from dbcluster.cluster.service import Service
@@ -95,6 +102,11 @@ class Leases(Service):
         self.term_ms = settings.unreachable_threshold
         #: How often the holder renews (well inside the term).
         self.renew_ms = settings.heartbeat_interval
+        #: How late past ``renew_ms`` a renewal carried by the heartbeat may come before this
+        #: service renews on its own: half of what is left of the term (a heartbeat late by
+        #: a stalled machine's moment leaves it to the heartbeat; one stuck, to this service,
+        #: well before the lease lapses).
+        self.grace_ms = (self.term_ms - self.renew_ms) // 2
         #: How often a node that holds none of its leases looks for a lapsed one.
         self.check_ms = settings.sweep_interval
         #: Lease name -> the services that act for it (woken when it is taken; it is renewed
@@ -109,6 +121,8 @@ class Leases(Service):
         self._resting: dict[str, float] = {}
         #: The leases as a heartbeat last brought them: (monotonic time, node id, rows).
         self._seen: tuple[float, str, Mapping[str, LeaseRow]] | None = None
+        #: The heartbeat's last renewal: (node id, monotonic time it was sent).
+        self._carried: tuple[str, float] | None = None
         self._lock = threading.Lock()
 
     def want(self, name: str, service: Service | None = None) -> None:
@@ -180,6 +194,54 @@ class Leases(Service):
                 self.wake()
                 return
 
+    def leases_to_renew(self, node_id: str) -> tuple[list[str], int] | None:
+        """The leases this node holds under ``node_id`` and the term they are judged by (the
+        heartbeat renews them in its round trip, where the database can); None when it holds
+        none (or ``node_id`` is not the identity it acts under)."""
+        identity = self.usable_identity()
+        if identity is None or identity.node_id != node_id:
+            return None
+        if self.behind() * 1000 > self.renew_ms + self.grace_ms:
+            # This service has stopped keeping up (it hangs): the heartbeat renews nothing for
+            # it, so what it holds lapses after the term, as it would without the heartbeat.
+            return None
+        with self._lock:
+            names = sorted(n for n, held in self._held.items() if held[0] is identity)
+        # Nor a lease whose services do not keep up (this service gives it up at its turn).
+        names = [name for name in names if self._lagging(name) is None]
+        return (names, self.term_ms) if names else None
+
+    def renewal_carried(
+        self, node_id: str, names: Sequence[str], sent: float, renewed: Sequence[str]
+    ) -> None:
+        """A heartbeat under ``node_id`` sent at ``sent`` (``time.monotonic()``) renewed those of
+        ``names`` in ``renewed``: each is held until ``sent`` plus the term; the others did not
+        land and are given up here at once (the service then looks for them again)."""
+        self._carried = (node_id, sent)
+        if self._settle(node_id, names, sent, renewed):
+            self.wake()
+
+    def _settle(
+        self, node_id: str, names: Sequence[str], sent: float, renewed: Sequence[str]
+    ) -> list[str]:
+        """After a renewal under ``node_id`` sent at ``sent``: those of ``names`` in ``renewed``
+        are held until ``sent`` plus the term, the others are dropped; the names dropped."""
+        until = sent + self.term_ms / 1000
+        lost: list[str] = []
+        with self._lock:
+            for name in names:
+                held = self._held.get(name)
+                if held is None or held[0].node_id != node_id:
+                    continue  # given up, or held under another identity, meanwhile
+                if name in renewed:
+                    self._held[name] = (held[0], max(held[1], until))
+                else:
+                    del self._held[name]
+                    lost.append(name)
+        for name in lost:
+            log.info("node %s lost the %s lease", node_id, name)
+        return lost
+
     def _rows(self, identity: Identity) -> Mapping[str, LeaseRow]:
         """The leases as a heartbeat of ``identity`` brought them within ``sweep_interval``,
         else as a read of their own finds them."""
@@ -206,11 +268,14 @@ class Leases(Service):
             self._release_held()
             self.interval_ms = self.check_ms
             return
-        self._renew(identity)
+        renew_ms = self._renew(identity)
         missing = self._missing()
         if missing:
             self._take(identity, missing)
-        self.interval_ms = self.renew_ms if self._held else self.check_ms
+        if not self._held:
+            self.interval_ms = self.check_ms
+        else:
+            self.interval_ms = min(renew_ms, self.renew_ms) if missing else renew_ms
 
     def _lagging(self, name: str) -> str | None:
         """Why this node must not renew lease ``name`` (a service of it has not done its work
@@ -223,9 +288,10 @@ class Leases(Service):
                 return f"its {service.name} service has done no work for {behind:.1f} s past due"
         return None
 
-    def _renew(self, identity: Identity) -> None:
-        """Renew every lease held, in one statement (a read more when one was lost); a lease
-        whose services do not keep up is given up instead."""
+    def _renew(self, identity: Identity) -> int:
+        """Renew every lease held, in one statement (a read more when one was lost), unless the
+        heartbeat renews them (it renewed them lately); a lease whose services do not keep up is
+        given up instead, whoever renews. How long until the next renewal is due (ms)."""
         with self._lock:
             # Held under an earlier identity of this node: it lapses once that id is gone.
             self._held = {n: h for n, h in self._held.items() if h[0] is identity}
@@ -237,21 +303,22 @@ class Leases(Service):
         with self._lock:
             names = sorted(self._held)
         if not names:
-            return
+            return self.renew_ms
         me = identity.node_id
+        carried = self._carried
+        if carried is not None and carried[0] == me:
+            # The heartbeat renews them: this service does only when the heartbeat's renewal
+            # is late past the grace (a heartbeat stuck, or one that carried none).
+            late_s = carried[1] + (self.renew_ms + self.grace_ms) / 1000 - time.monotonic()
+            if late_s > 0:
+                return max(1, round(late_s * 1000))
         sent = time.monotonic()
-        until = sent + self.term_ms / 1000
         kept = names
         if self.store.renew_leases(names, me, self.term_ms) != len(names):
             # Which were renewed: those still this node's and not lapsed.
-            rows = self.store.leases(self.term_ms)
-            kept = [n for n in names if (r := rows.get(n)) and r.holder == me and not r.lapsed]
-        with self._lock:
-            for name in names:
-                if name in kept:
-                    self._held[name] = (identity, until)
-                elif self._held.pop(name, None) is not None:
-                    log.info("node %s lost the %s lease", me, name)
+            kept = self.store.still_held(names, me, self.term_ms)
+        self._settle(me, names, sent, kept)
+        return self.renew_ms
 
     def _take(self, identity: Identity, names: list[str]) -> None:
         me = identity.node_id

@@ -9,7 +9,8 @@ One :class:`CoordinationStore` per node, made of one part per family of rows, ea
 - :mod:`.placing` and :mod:`.wakeups`: a master places partitions and wakes their nodes;
 - :mod:`.recovery`: orphans, stalled partitions, stranded masters (takeover, abandon);
 - :mod:`.coordination`: a job's coordination row and partition counts, and stopping it;
-- :mod:`.leases`: the leases of the maintenance one node does for all;
+- :mod:`.leases`: the leases of the maintenance one node does for all; :mod:`.renewals`: a
+  holder's heartbeat that renews them in its round trip;
 - :mod:`.records`: what the store reads back, as records; :mod:`.verify`: reads that judge an
   unclear commit.
 
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 from dbcluster.cluster.store.claims import Claims
 from dbcluster.cluster.store.coordination import JobCoordination
-from dbcluster.cluster.store.leases import LeaseRow, LeaseRows
+from dbcluster.cluster.store.leases import LeaseRow
 from dbcluster.cluster.store.nodes import NodeRegistry
 from dbcluster.cluster.store.placing import Placing
 from dbcluster.cluster.store.records import (
@@ -38,6 +39,7 @@ from dbcluster.cluster.store.records import (
     StrandedJob,
 )
 from dbcluster.cluster.store.recovery import Recovery
+from dbcluster.cluster.store.renewals import LeaseRenewals, RenewingBeat
 from dbcluster.cluster.store.wakeups import offer_payload, offered_ids
 
 __all__ = [
@@ -48,6 +50,7 @@ __all__ = [
     "NodeRemovedError",
     "OrphanedPartition",
     "PendingPartition",
+    "RenewingBeat",
     "StalledPartition",
     "StrandedJob",
     "offer_payload",
@@ -55,7 +58,7 @@ __all__ = [
 ]
 
 
-class CoordinationStore(NodeRegistry, Claims, Placing, Recovery, JobCoordination, LeaseRows):
+class CoordinationStore(NodeRegistry, Claims, Placing, Recovery, JobCoordination, LeaseRenewals):
     """The coordination statements of one node (or one command), on ``engine`` (transactions)
     and ``autocommit`` (single statements, where the database has an autocommit mode); see the
     package doc."""

@@ -132,28 +132,18 @@ class Claims(Connector):
             rows = self.rows(stmt, "heartbeat and poll", params)
             alive = bool(rows) and int(rows[0][0]) == 1
             return alive, [(int(r[1]), int(r[2])) for r in rows if r[1] is not None]
-        if not provider.supports_statement_pairs:
-            return None
         # Else the poll and the heartbeat as one request, where the driver can send them so.
-        pair = self.prepared(
+        pair = self.paired(
             ("poll then beat", *key),
-            lambda: provider.read_then_write(
-                provider.select_claimable(
-                    bindparam("b_node"), limit, steal_after_ms, unreachable_ms
-                ),
-                bounded[0],
-                engine.dialect,
+            lambda: provider.select_claimable(
+                bindparam("b_node"), limit, steal_after_ms, unreachable_ms
             ),
+            bounded[0],
         )
         if pair is None:
             return None
-
-        def once() -> tuple[bool, list[tuple[int, int]]]:
-            with engine.connect() as conn:
-                rows, changed = pair.run(conn, params)
-            return changed == 1, [(int(r[0]), int(r[1])) for r in rows]
-
-        return self.retry.call(once, "poll and heartbeat")
+        rows, changed = self.run_pair(pair, params, "poll and heartbeat")
+        return changed == 1, [(int(r[0]), int(r[1])) for r in rows]
 
     def beat_reading_leases(
         self,
@@ -190,22 +180,12 @@ class Claims(Connector):
         if stmt is not None:
             rows = self.rows(stmt, "heartbeat reading leases", params)
             alive = bool(rows) and int(rows[0][0]) == 1
-            return (alive, *_polled_and_leases([r[1:] for r in rows]))
-        if not provider.supports_statement_pairs:
-            return None
-        pair = self.prepared(
-            ("read then beat", *key),
-            lambda: provider.read_then_write(read(), bounded[0], engine.dialect),
-        )
+            return (alive, *polled_and_leases([r[1:] for r in rows]))
+        pair = self.paired(("read then beat", *key), read, bounded[0])
         if pair is None:
             return None
-
-        def once() -> tuple[bool, list[tuple[int, int]], dict[str, LeaseRow]]:
-            with engine.connect() as conn:
-                rows, changed = pair.run(conn, params)
-            return (changed == 1, *_polled_and_leases(rows))
-
-        return self.retry.call(once, "heartbeat reading leases")
+        rows, changed = self.run_pair(pair, params, "heartbeat reading leases")
+        return (changed == 1, *polled_and_leases(rows))
 
     def _bounded_heartbeat(self) -> Any:
         """The heartbeat with its bounded lock wait (one statement where the session bounds
@@ -381,7 +361,7 @@ class Claims(Connector):
         return self.transaction(work, "release pending")
 
 
-def _polled_and_leases(
+def polled_and_leases(
     rows: Iterable[Any],
 ) -> tuple[list[tuple[int, int]], dict[str, LeaseRow]]:
     """The rows of ``poll_and_leases``: the partitions found (oldest first), the leases."""

@@ -86,6 +86,29 @@ class Connector:
 
         return self.retry.call(once, what)
 
+    def paired(self, key: Any, read: Callable[[], Any], write: Any) -> Any:
+        """``read()`` then ``write`` as one request of the autocommit engine (the provider's
+        ``read_then_write``, built once per ``key``), where the driver can send them so; else
+        None (nothing was built)."""
+        engine = self.autocommit
+        if engine is None or not self.provider.supports_statement_pairs:
+            return None
+        return self.prepared(
+            key, lambda: self.provider.read_then_write(read(), write, engine.dialect)
+        )
+
+    def run_pair(self, pair: Any, params: Any, what: str) -> tuple[Sequence[Any], int]:
+        """A pair of :meth:`paired` on the autocommit engine, repeated on transient errors: the
+        read's rows and the write's row count."""
+        engine = self.autocommit
+        assert engine is not None
+
+        def once() -> tuple[Sequence[Any], int]:
+            with engine.connect() as conn:
+                return pair.run(conn, params)  # type: ignore[no-any-return]
+
+        return self.retry.call(once, what)
+
     def transaction(
         self,
         work: Callable[[Connection], T],

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import bindparam
@@ -41,6 +42,12 @@ class LeaseRows(Connector):
             {"b_names": list(names), "b_holder": holder},
             "renew leases",
         )
+
+    def still_held(self, names: Sequence[str], holder: str, term_ms: int) -> list[str]:
+        """Those of ``names`` that ``holder`` holds and that have not lapsed, as a read finds
+        them now (which of a renewal's leases landed, when its row count says one did not)."""
+        rows = self.leases(term_ms)
+        return [n for n in names if (r := rows.get(n)) and r.holder == holder and not r.lapsed]
 
     def take_lease(self, name: str, holder: str, term_ms: int, *, exists: bool = True) -> bool:
         """Take the lease when it has lapsed (``exists``), or insert its first row (only one

@@ -41,8 +41,7 @@ NOT_SQL: dict[str, str] = {
     "column_type": "a column type (compiled with the DDL: ddl_statements)",
     "configure_engine": "engine events",
     "read_then_write": "joins two statements of CALLS (select_claimable or poll_and_leases, "
-    "heartbeat) into one "
-    "request",
+    "heartbeat or heartbeat_renewing) into one request",
     "configure_session": "runs session_statements (rendered) or sets a driver attribute",
     "connect": "a driver connection (the dialect's own connect by default)",
     "connect_error_hint": "an error message",
@@ -53,6 +52,7 @@ NOT_SQL: dict[str, str] = {
     "drop_scratch_database": "runs drop_database_sql",
     "engine_options": "create_engine arguments",
     "fit_dialect": "mends a dialect's compiler (Db2)",
+    "heartbeat_values": "a SET clause's values (rendered inside heartbeat)",
     "in_transaction": "reads a driver attribute",
     "is_read_only": "classifies an error",
     "is_transient": "classifies an error",
@@ -397,6 +397,22 @@ CALLS: dict[str, Callable[[QueryProvider], list[Any]]] = {
             p.poll_and_leases(bindparam("b_node"), limit, 5000, 10_000, 10_000),
         )
         for limit in (None, 4)
+    ],
+    "heartbeat_renewing": lambda p: [
+        p.heartbeat_renewing(
+            bindparam("b_node"), bindparam("b_load"), [bindparam("b_lease_0")], 10_000
+        ),
+        p.heartbeat_renewing("n", 0, ["sweep", "prune"], 10_000),
+    ],
+    "heartbeat_renewing_and_read": lambda p: [
+        p.heartbeat_renewing_and_read(
+            bindparam("b_node"), bindparam("b_load"), [bindparam("b_lease_0")], 10_000, read
+        )
+        for read in (
+            None,
+            p.select_claimable(bindparam("b_node"), 4, 5000, 10_000),
+            p.poll_and_leases(bindparam("b_node"), 4, 5000, 10_000, 10_000),
+        )
     ],
     "renew_leases": lambda p: [
         p.renew_leases(["sweep", "prune"], "n", 10_000),
