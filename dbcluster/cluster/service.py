@@ -83,6 +83,8 @@ class Service:
         self.has_identity: Callable[[], bool] = _always
         self.outage = Outage(self.name)
         self._unavailable_this_turn = False
+        #: Whether the last turn that ended met a database outage.
+        self._unavailable_last_turn = False
         #: When a turn last did its work (monotonic): it ended without an error or an outage,
         #: or a long turn said it got on (:meth:`progressed`).
         self.last_good = time.monotonic()
@@ -108,7 +110,10 @@ class Service:
     def behind(self) -> float:
         """Seconds since a turn last did its work, beyond the interval a service that keeps
         up waits between turns (0 or less: it keeps up). It grows while the turns fail, or
-        while one hangs."""
+        while one hangs; not while the database is unavailable (every node meets that alike,
+        and a holder that cannot reach it cannot renew its lease either)."""
+        if self._unavailable_last_turn:
+            return 0.0
         return time.monotonic() - self.last_good - self.interval_ms / 1000
 
     def wake(self) -> None:
@@ -170,6 +175,7 @@ class Service:
                         self.last_good = time.monotonic()
                         if self.has_identity():
                             self.outage.ended()
+                self._unavailable_last_turn = self._unavailable_this_turn
                 self._due = time.monotonic() + self.interval_ms / 1000
                 self._sleep()
                 self._due = None

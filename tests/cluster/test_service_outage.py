@@ -215,3 +215,44 @@ def test_a_leaving_node_waits_an_outage_out_until_its_drain_ends(
     assert not give_up(), "a draining node gave a step's transient error up at once"
     node._drain_deadline = time.monotonic() - 1
     assert give_up(), "a node whose drain ran out still repeats"
+
+
+class Failing(Service):
+    """Every turn fails: with ``error`` (swapped by the test)."""
+
+    name = "failing"
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(10)
+        self.error = error
+        self.turns = 0
+
+    def run_once(self) -> None:
+        self.turns += 1
+        raise self.error
+
+
+def test_a_service_is_behind_for_its_own_failures_not_for_an_outage(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A leased service that does no work makes its node give the lease up (``behind``); not
+    while its turns fail because the database is unavailable, which every node meets alike (a
+    restart longer than the lease's term moved every lease and logged a warning per lease)."""
+    error = _outage_error()
+    provider = get_provider(make_engine("postgresql+psycopg://u@127.0.0.1/none"))
+    caplog.set_level(logging.CRITICAL, logger="dbcluster.service")
+    service = Failing(error)
+    group = ServiceGroup(is_outage=lambda e: is_passing(provider, e))
+    group.add(service)
+    group.start()
+    try:
+        began = service.last_good
+        wait_until(lambda: service.turns >= 30, 10, "turns that meet the outage")
+        assert service.last_good == began, "a turn that met the outage did its work"
+        assert service.behind() <= 0, "an outage counted against the service"
+        service.error = KeyError("a bug")
+        turns = service.turns
+        wait_until(lambda: service.turns >= turns + 5, 10, "turns that fail on their own")
+        assert service.behind() > 0, "a service failing on its own kept up"
+    finally:
+        group.stop()
