@@ -102,6 +102,15 @@ def _carrying_nothing(node: Node) -> Iterator[Callable[[], Carried]]:
         heartbeat.leases = rider
 
 
+def _keeping_up(node: Node) -> None:
+    """The node's held or frozen lease service, and the services of its leases, still count as
+    keeping up, so its heartbeat goes on carrying renewals: these tests are about the carried
+    renewal. (A lease service that really stops keeping up gets no renewal from the heartbeat:
+    test_leases.py.)"""
+    node.leases.behind = lambda: 0.0  # type: ignore[method-assign]
+    node.leases._lagging = lambda name: None  # type: ignore[method-assign]
+
+
 def _one_beat(proxy: CountingProxy, heartbeat: Heartbeat) -> dict[str, int]:
     """What one heartbeat sends on a connection already open: measured again (up to three
     times) when the pool had to open one (a service still finishing its turn held the open
@@ -123,6 +132,7 @@ def test_a_holders_heartbeat_renews_its_lease_in_one_round_trip(backend: Backend
         try:
             with _started(engine) as (node,):
                 wait_for(lambda: node.leases.holding(SWEEP), 10, "the node to take the lease")
+                _keeping_up(node)
                 with hold_services(node):
                     _heartbeat(node).beat()  # its statement built and its connection open
                     before = _renewed_at(backend)
@@ -158,13 +168,6 @@ def test_while_heartbeats_carry_the_renewal_the_lease_service_sends_none(
     # One of its own at most: a heartbeat that comes later than the grace (a stalled machine)
     # leaves the renewal to the service, as it must.
     assert len(own) <= 1, f"{len(own)} renewals of its own beside 20 carried"
-
-
-def _keeping_up(node: Node) -> None:
-    """The node's frozen lease service still counts as keeping up, so its heartbeat goes on
-    carrying renewals: these tests are about the renewal's fence. (A lease service that really
-    stops keeping up gets no renewal from the heartbeat: test_leases.py.)"""
-    node.leases.behind = lambda: 0.0  # type: ignore[method-assign]
 
 
 @FOLDING
@@ -217,6 +220,7 @@ def test_a_renewal_that_did_not_land_gives_the_lease_up_at_once(backend: Backend
         wait_for(lambda: node.leases.holding(SWEEP), 10, "the node to take the lease")
         store = CoordinationStore(backend.engine)
         with frozen(node, "leases"):
+            _keeping_up(node)
             # Taken away: given up in its name, and taken by a registered node.
             store.register("thief", "nowhere", 0)
             assert store.release_lease(SWEEP, node.node_id)
