@@ -165,7 +165,9 @@ def test_a_wake_up_names_what_it_placed_and_the_node_claims_it_without_polling(
     """The placement's notification carries the ids it put on the node: the woken node claims
     them at once; no poll finds them (a poll after a freed slot may still look for more)."""
     master, worker = _idle_listening_pair(backend, make_cluster)
-    polls = poll_sizes(worker.node)
+    # The worker's own polls: an idle poll its heartbeat carries (free, every beat) may find
+    # them first, which is no poll of its own.
+    polls = result_sizes(worker.node, "poll_jobs")
     execution = _launch(master, {"run": 7}, within=5.0)
     assert execution.status is BatchStatus.COMPLETED, execution.exit_status
     assert len(_rows(backend)) == 4
@@ -179,7 +181,7 @@ def test_a_master_that_is_also_a_worker_claims_what_it_placed_on_itself_without_
     master = make_cluster(settings)
     assert master.node.worker is not None
     wait_for(lambda: master.node.worker.interval_ms == 10_000, what="the node's poll to relax")
-    polls = poll_sizes(master.node)
+    polls = result_sizes(master.node, "poll_jobs")  # its own polls, as above
     execution = _launch(master, {"run": 8}, within=5.0)
     assert execution.status is BatchStatus.COMPLETED, execution.exit_status
     rows = _rows(backend)
