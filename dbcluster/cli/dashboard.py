@@ -97,6 +97,9 @@ def web(
         engine.dispose()
         raise ConfigurationError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
     bound = sock.getsockname()[1]
+    # Listening before the address is announced: a client that connects at once waits in the
+    # backlog until the server accepts, instead of being refused while uvicorn starts up.
+    sock.listen(2048)
     if not token and not _loopback(host):
         announce(
             f"warning: the dashboard listens on {host} without --token: anyone who can reach "

@@ -266,3 +266,35 @@ def test_a_dashboard_open_to_the_network_without_a_token_warns(
     assert (warning in text) is warned, text
     if token:
         assert "the token is needed to read and to act" in text and token not in text
+
+
+def test_the_announced_dashboard_address_takes_connections_at_once(tmp_path: Path) -> None:
+    """The address ``dbcluster web`` prints is listening when printed: a client that connects at
+    once waits for the server instead of being refused while it starts (a browser test opened
+    the page right after the line and got ERR_CONNECTION_REFUSED on a loaded host)."""
+    import re
+    import socket
+
+    pytest.importorskip("uvicorn", reason="the web extra is not installed")
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    assert run_cli("init", "--url", url).returncode == 0
+    log = tmp_path / "web.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            cli("web", "--url", url, "--host", "127.0.0.1", "--port", "0"),
+            env=cli_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+        )
+    try:
+        found = wait_for(
+            lambda: re.search(r"dashboard on http://127\.0\.0\.1:(\d+)/", log.read_text()),
+            30,
+            "the dashboard's address",
+            interval=0.001,
+        )
+        with socket.create_connection(("127.0.0.1", int(found.group(1))), timeout=30):
+            pass
+    finally:
+        stop_process(proc)
