@@ -69,6 +69,14 @@ class Worker:
     index: int
     process: subprocess.Popen[bytes]
     counts_path: Path
+    #: The worker's stderr (its log), read back when it fails to come up.
+    log_path: Path | None = None
+
+    def log_tail(self, lines: int = 15) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        text = self.log_path.read_text(errors="replace").splitlines()
+        return "\n".join(text[-lines:])
 
     def counts(self) -> dict[str, int]:
         return counting.read(self.counts_path)
@@ -104,40 +112,62 @@ class WorkerPool:
             }
             if concurrency is not None:
                 env["DBCLUSTER_CONCURRENCY_LIMIT"] = str(concurrency)
-            process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "dbcluster.cli",
-                    "worker",
-                    "--url",
-                    self.url,
-                    "--app",
-                    APP,
-                    "--node-prefix",
-                    f"bench{index}",
-                ],
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            worker = Worker(index, process, path)
+            log_path = self.folder / f"worker-{index}.log"
+            with log_path.open("wb") as log_file:
+                process = self._spawn(index, env, log_file)
+            worker = Worker(index, process, path, log_path)
             self.workers.append(worker)
             started.append(worker)
         return started
+
+    def _spawn(self, index: int, env: dict[str, str], log_file: Any) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "dbcluster.cli",
+                "worker",
+                "--url",
+                self.url,
+                "--app",
+                APP,
+                "--node-prefix",
+                f"bench{index}",
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=log_file,
+        )
 
     def alive(self) -> list[Worker]:
         return [w for w in self.workers if w.process.poll() is None]
 
     def wait_registered(self, engine: Engine, count: int, timeout: float = 60) -> None:
+        """Until ``count`` workers have registered; a worker that exits first, or the timeout,
+        fails at once with the workers' last log lines."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with engine.connect() as conn:
                 rows = conn.execute(select(nodes.c.node_id).where(nodes.c.capacity > 0)).all()
             if len(rows) >= count:
                 return
+            exited = [w for w in self.workers if w.process.poll() is not None]
+            if exited:
+                raise RuntimeError(
+                    "bench worker exited before it registered:\n" + self._tails(exited)
+                )
             time.sleep(0.05)
-        raise TimeoutError(f"{count} workers did not register within {timeout}s")
+        raise TimeoutError(
+            f"{count} workers did not register within {timeout}s "
+            f"({len(rows)} did):\n" + self._tails(self.workers)
+        )
+
+    @staticmethod
+    def _tails(workers: list[Worker]) -> str:
+        return "\n".join(
+            f"--- worker {w.index} (exit {w.process.poll()}):\n{w.log_tail() or '(no output)'}"
+            for w in workers
+        )
 
     def counts(self) -> dict[str, int]:
         total: dict[str, int] = {}

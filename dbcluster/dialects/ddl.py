@@ -10,8 +10,8 @@ A provider overrides a hook here where its database spells DDL otherwise: ``add_
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import Engine, Insert, Select, func, insert, select
@@ -21,11 +21,13 @@ from sqlalchemy.schema import CreateIndex, CreateTable
 
 from dbcluster import schema
 from dbcluster.dialects.family import StatementFamily
+from dbcluster.retry import Retry
 from dbcluster.schema import nodes
 from dbcluster.states import NODE_ACTIVE
 
-#: How often a CREATE (or the check before it) is tried on a transient error.
-_CREATE_TRIES = 10
+#: How a CREATE (or the check before it) is tried again on a transient error: ten tries in all,
+#: about 2.5 s of pauses (``retry_on`` is the provider's own, see ``_create_retry``).
+_CREATE_RETRY = Retry(lambda _exc: False, attempts=10, pause_s=0.05, growth=1.5, max_pause_s=0.5)
 
 
 class DDLStatements(StatementFamily):
@@ -119,34 +121,27 @@ class DDLStatements(StatementFamily):
         may hold the lock while it creates the object (SQLite: "database is locked"), and on a
         Galera cluster a concurrent DDL statement, replicated in total order, aborts a local
         metadata read such as ``SHOW CREATE TABLE`` with a deadlock (1213)."""
-        for retry in range(_CREATE_TRIES):
+
+        def attempt() -> bool:
+            if exists():
+                return False
             try:
-                if self._exists_now(exists):
-                    return False
                 with engine.begin() as conn:
                     create(conn)
-                return True
-            except DBAPIError as exc:
+            except DBAPIError:
                 # Another process created it between our check and our CREATE.
-                if self._exists_now(exists):
+                if exists():
                     return False
-                if retry + 1 < _CREATE_TRIES and self.is_transient(exc):
-                    time.sleep(0.05 * (retry + 1))
-                    continue
                 raise
-        return False
+            return True
 
-    def _exists_now(self, exists: Callable[[], bool]) -> bool:
-        """``exists()``, asked again while the check itself fails transiently."""
-        for retry in range(_CREATE_TRIES):
-            try:
-                return exists()
-            except DBAPIError as exc:
-                if retry + 1 < _CREATE_TRIES and self.is_transient(exc):
-                    time.sleep(0.05 * (retry + 1))
-                    continue
-                raise
-        return False
+        return self._create_retry().call(attempt, "creating a dbcluster table")
+
+    def _create_retry(self) -> Retry:
+        return replace(
+            _CREATE_RETRY,
+            retry_on=lambda exc: isinstance(exc, DBAPIError) and self.is_transient(exc),
+        )
 
     @staticmethod
     def _table_exists(engine: Engine, name: str) -> bool:

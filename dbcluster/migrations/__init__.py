@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from types import ModuleType
 
@@ -33,6 +32,7 @@ from dbcluster.errors import SchemaMissingError, SchemaVersionError
 from dbcluster.migrations import versions
 from dbcluster.migrations.baseline import TABLES_0_1_0
 from dbcluster.migrations.ops import Operations
+from dbcluster.retry import Retry
 
 __all__ = [
     "HEAD",
@@ -126,22 +126,24 @@ def record_if_unrecorded(engine: Engine) -> None:
     processes may run it at once: the key keeps one row, and a transient error (SQLite's "database
     is locked" when a read upgrades to a write another process made first) is tried again."""
     provider = get_provider(engine)
-    for attempt in range(_RECORD_TRIES):
+
+    def record() -> None:
         try:
             with engine.begin() as conn:
                 if not _has_row(conn):
                     conn.execute(provider.record_schema_version(HEAD))
-            return
         except IntegrityError:
-            return  # another process recorded it first
-        except DBAPIError as exc:
-            if attempt + 1 < _RECORD_TRIES and provider.is_transient(exc):
-                time.sleep(0.05 * (attempt + 1))
-                continue
-            raise
+            pass  # another process recorded it first
+
+    retry = replace(
+        _RECORD_RETRY,
+        retry_on=lambda exc: isinstance(exc, DBAPIError) and provider.is_transient(exc),
+    )
+    retry.call(record, "recording the schema version")
 
 
-_RECORD_TRIES = 10
+#: Ten tries in all, about 2.5 s of pauses (``retry_on`` is the provider's own).
+_RECORD_RETRY = Retry(lambda _exc: False, attempts=10, pause_s=0.05, growth=1.5, max_pause_s=0.5)
 
 
 def _pending(version: str, where: str) -> list[Revision]:
