@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from datetime import timedelta
+from itertools import pairwise
 from typing import Any
 
 import pytest
@@ -165,6 +166,37 @@ def test_stops_between_transactions_and_finishes_later(backend: Backend) -> None
     assert part.counts["batch_step_execution"] + rest.counts["batch_step_execution"] == 18
     assert rest.counts["batch_job_execution"] == 3
     assert sorted(rest.executions) == [w.execution_id for w in written]
+    assert _counts(backend) == {t: 0 for t in TABLES}
+
+
+def test_asks_whether_to_go_on_before_every_transaction_but_its_opening_reads(
+    backend: Backend,
+) -> None:
+    """A pruner whose lease lapsed begins nothing after the transaction it is in: between two
+    transactions it asks whether to go on, but for the prune's opening reads (the candidates and
+    the first slice's step ids, which its caller asked just before). It read the next slice's
+    step ids, and deleted the empty instances in a transaction of their own, unasked."""
+    e = backend.engine
+    for i in range(3):
+        add_execution(e, "batchy", f"k{i}", partitions_count=2)
+    store = CoordinationStore(e)
+    pruning = Pruning(store)
+    seen: list[str] = []
+    transaction = store.transaction
+
+    def traced(work: Any, what: str, *args: Any, **kwargs: Any) -> Any:
+        seen.append(what)
+        return transaction(work, what, *args, **kwargs)
+
+    def keep_going() -> bool:
+        seen.append("asked")
+        return True
+
+    store.transaction = traced  # type: ignore[method-assign]
+    result = pruning.prune(PrunePolicy(older_than_ms=MONTH_MS, batch_size=1), keep_going)
+    assert result.finished and len(result.executions) == 3
+    unasked = [after for before, after in pairwise(seen) if "asked" not in (before, after)]
+    assert unasked == ["prune read steps"], seen
     assert _counts(backend) == {t: 0 for t in TABLES}
 
 

@@ -15,8 +15,8 @@ What may go (judged by the database, in SQL, and judged again in the transaction
 
 Deleting one execution: its step executions go in slices of ``batch_size`` (their partition rows,
 their contexts, themselves; one transaction per slice), then its coordination row, master
-history, context, parameters and the execution itself (one transaction per slice of
-executions), then its job instance if no execution of it is left. Every transaction is short and
+history, context, parameters and the execution itself, and its job instance if no execution of
+it is left (one transaction per slice of executions). Every transaction is short and
 every lock wait bounded (the store's engine), so a node that claims and heartbeats meanwhile waits
 at most one slice. A prune that stops part-way (a crash, a lost lease) leaves only executions
 that may still go: the next prune finishes them.
@@ -184,6 +184,11 @@ class Pruning:
         size = policy.batch_size
         for first in range(0, len(ids), size):
             chunk = ids[first : first + size]
+            # Asked before every transaction but the prune's opening reads (the caller asked
+            # just before them): a pruner that lost its lease begins nothing more.
+            if first and not keep_going():
+                result.finished = False
+                break
             if not self._prune_chunk(policy, chunk, keep_going, result):
                 result.finished = False
                 break
@@ -265,42 +270,36 @@ class Pruning:
         if not keep_going():
             return False
 
-        def job_slice(conn: Connection) -> tuple[dict[str, int], list[int], list[int]]:
+        empty = store.prepared(
+            "prune-empty-instances", lambda: provider.bounded(provider.delete_empty_instances())
+        )
+
+        def job_slice(conn: Connection) -> tuple[dict[str, int], list[int]]:
             alive = still(conn)
             if not alive:
-                return {}, [], []
+                return {}, []
             instances = [int(r[0]) for r in conn.execute(instances_of, {"ids": alive})]
             counts = {
                 name: _run(conn, parts, {"ids": alive})
                 for name, parts in zip(job_tables, job_deletes, strict=True)
             }
-            return counts, alive, instances
+            # Their instances that have no execution left go in the same transaction: a
+            # stopped prune leaves no empty instance that no later prune would find.
+            if instances:
+                counts[job_instance.name] = _run(conn, empty, {"ids": instances})
+            return counts, alive
 
         try:
-            counts, alive, instances = self._timed(result, job_slice, "prune executions")
+            counts, alive = self._timed(result, job_slice, "prune executions")
         except IntegrityError:
             # A row that references one of them came meanwhile (a step execution, a table this
-            # version does not know): the slice rolled back; they stay for the next prune.
+            # version does not know, a launch's new execution of one of their instances): the
+            # slice rolled back; they stay for the next prune.
             log.warning("prune: executions %s still referenced; left for the next prune", chunk)
             return True
         for name, n in counts.items():
             result.counts[name] += n
         result.executions.extend(alive)
-        if instances:
-            empty = store.prepared(
-                "prune-empty-instances", lambda: provider.bounded(provider.delete_empty_instances())
-            )
-
-            def instance_slice(conn: Connection) -> int:
-                return _run(conn, empty, {"ids": instances})
-
-            try:
-                result.counts[job_instance.name] += self._timed(
-                    result, instance_slice, "prune instances"
-                )
-            except IntegrityError:
-                # A launch added an execution to one of them meanwhile: it stays.
-                log.info("prune: a job instance got a new execution; left for the next prune")
         return True
 
 
