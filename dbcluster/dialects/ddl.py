@@ -25,9 +25,9 @@ from dbcluster.retry import Retry
 from dbcluster.schema import nodes
 from dbcluster.states import NODE_ACTIVE
 
-#: How a CREATE (or the check before it) is tried again on a transient error: ten tries in all,
-#: about 2.5 s of pauses (``retry_on`` is the provider's own, see ``_create_retry``).
-_CREATE_RETRY = Retry(lambda _exc: False, attempts=10, pause_s=0.05, growth=1.5, max_pause_s=0.5)
+#: How schema work (a CREATE, the check before it, the version row) is tried again: ten tries in
+#: all, about 2.5 s of pauses; each use sets ``retry_on`` to its provider's ``is_transient``.
+SCHEMA_RETRY = Retry(lambda _exc: False, attempts=10, pause_s=0.05, growth=1.5, max_pause_s=0.5)
 
 
 class DDLStatements(StatementFamily):
@@ -135,13 +135,8 @@ class DDLStatements(StatementFamily):
                 raise
             return True
 
-        return self._create_retry().call(attempt, "creating a dbcluster table")
-
-    def _create_retry(self) -> Retry:
-        return replace(
-            _CREATE_RETRY,
-            retry_on=lambda exc: isinstance(exc, DBAPIError) and self.is_transient(exc),
-        )
+        retry = replace(SCHEMA_RETRY, retry_on=self.is_transient)
+        return retry.call(attempt, "creating a dbcluster table")
 
     @staticmethod
     def _table_exists(engine: Engine, name: str) -> bool:

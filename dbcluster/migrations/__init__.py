@@ -28,11 +28,11 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from dbcluster import schema
 from dbcluster.dialects import get_provider, safe_url
 from dbcluster.dialects.base import QueryProvider
+from dbcluster.dialects.ddl import SCHEMA_RETRY
 from dbcluster.errors import SchemaMissingError, SchemaVersionError
 from dbcluster.migrations import versions
 from dbcluster.migrations.baseline import TABLES_0_1_0
 from dbcluster.migrations.ops import Operations
-from dbcluster.retry import Retry
 
 __all__ = [
     "HEAD",
@@ -135,15 +135,8 @@ def record_if_unrecorded(engine: Engine) -> None:
         except IntegrityError:
             pass  # another process recorded it first
 
-    retry = replace(
-        _RECORD_RETRY,
-        retry_on=lambda exc: isinstance(exc, DBAPIError) and provider.is_transient(exc),
-    )
+    retry = replace(SCHEMA_RETRY, retry_on=provider.is_transient)
     retry.call(record, "recording the schema version")
-
-
-#: Ten tries in all, about 2.5 s of pauses (``retry_on`` is the provider's own).
-_RECORD_RETRY = Retry(lambda _exc: False, attempts=10, pause_s=0.05, growth=1.5, max_pause_s=0.5)
 
 
 def _pending(version: str, where: str) -> list[Revision]:

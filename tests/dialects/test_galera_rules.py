@@ -232,7 +232,7 @@ def test_init_asks_again_when_a_replicated_ddl_aborts_its_metadata_read(
 
     monkeypatch.setattr(ddl.DDLStatements, "_table_exists", aborting(real_table_exists))
     monkeypatch.setattr(ddl.DDLStatements, "_index_exists", aborting(real_index_exists))
-    monkeypatch.setattr(ddl, "_CREATE_RETRY", replace(ddl._CREATE_RETRY, sleep=lambda s: None))
+    monkeypatch.setattr(ddl, "SCHEMA_RETRY", replace(ddl.SCHEMA_RETRY, sleep=lambda s: None))
     tables, _ = provider.create_schema(engine)
     assert sorted(tables) == sorted(t.name for t in schema.ALL_TABLES)
     assert calls["n"] >= 3, "no existence check was aborted: the test proved nothing"
