@@ -33,6 +33,7 @@ pid-file = $DIR/mysqld.pid
 port = $PORT
 bind-address = 127.0.0.1
 max_connections = ${CEILING_MAX_CONNECTIONS:-2500}
+thread_handling = ${CEILING_THREAD_HANDLING:-pool-of-threads}
 skip-name-resolve
 log-error = $DIR/error.log
 CNF

@@ -33,6 +33,7 @@ from typing import Any
 from sqlalchemy import Engine, delete
 
 from dbcluster.bench.common import Params, pct
+from dbcluster.bench.connections import NodeEngines
 from dbcluster.bench.harness import scratch_database
 from dbcluster.bench.server import ServerProbe, SqliteProbe, probe_for, rates
 from dbcluster.bench.simulated import (
@@ -108,9 +109,10 @@ def _run_group(
     finally:
         engine.dispose()
     # The lease holder is node 0 (of the first process) where one node maintains for all.
+    shared = NodeEngines(url, settings, plain)
     nodes = [
         (
-            SimulatedNode(i, url, settings, plain),
+            SimulatedNode(i, url, settings, plain, shared),
             maintaining if maintenance == "every" or i == 0 else idle,
         )
         for i in indices
@@ -132,6 +134,7 @@ def _run_group(
     scheduler.stop()
     for node, _ in nodes:
         node.close()
+    shared.dispose()
     return {
         **summary(joined),
         "errors": [e for node, _ in nodes for e in list(node.errors)],

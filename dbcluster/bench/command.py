@@ -88,10 +88,13 @@ def _counts(option: str, value: str, example: str) -> tuple[int, ...]:
 )
 @click.option(
     "--ceiling-threads",
-    default=64,
+    default=24,
     show_default=True,
     type=click.IntRange(min=1),
-    help="ceiling: threads per load-generator process that run its simulated nodes' calls.",
+    help=(
+        "ceiling: threads per load-generator process that run its simulated nodes' calls "
+        "(more hide the database's latency, fewer contend less for the interpreter)."
+    ),
 )
 @click.option(
     "--ceiling-maintenance",

@@ -46,7 +46,7 @@ class Params:
     #: Load-generator processes of ``ceiling`` (each runs its share of the nodes).
     ceiling_processes: int = field(default_factory=lambda: os.cpu_count() or 1)
     #: Threads of each load-generator process that run its nodes' calls.
-    ceiling_threads: int = 64
+    ceiling_threads: int = 24
     #: ``one`` node (the lease holder) sweeps and scans for stranded masters, or ``every``.
     ceiling_maintenance: str = "one"
     #: Whether simulated nodes' wake-ups arrive (where the database has them): they then poll

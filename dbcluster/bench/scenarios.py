@@ -336,8 +336,7 @@ def _idle_baseline(tap: Tap, settings: ClusterSettings, seconds: float) -> dict[
             time.sleep(seconds)  # the measuring window
     finally:
         scheduler.stop()
-        if node.store is not None:
-            node.store.deregister(node.node_id)
+        node.deregister()
         node.close()
     honest = summarize(meter.master, seconds)
     return {

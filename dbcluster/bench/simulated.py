@@ -1,8 +1,9 @@
 """The simulated nodes of ``bench ceiling``: many nodes per process, not a thread each.
 
-Each node is a small state machine (:class:`SimulatedNode`) with a connection of its own (an
-engine with a pool of one, configured like a node's autocommit engine) that issues the real
-coordination statements through :class:`~dbcluster.cluster.store.CoordinationStore`, at a node's
+Each node is a small state machine (:class:`SimulatedNode`) with a connection of its own
+(configured like a node's autocommit connection, on engines and a store that the nodes of its
+process share: :mod:`dbcluster.bench.connections`) that issues the real coordination statements
+through :class:`~dbcluster.cluster.store.CoordinationStore`, at a node's
 cadence (:class:`Cadence`): the heartbeat every ``heartbeat_interval``, carrying the idle poll
 where the database sends both in one round trip; the poll every ``task_polling_interval``, or
 every ``wakeup_poll_interval`` where wake-ups arrive (PostgreSQL: the nodes are taken to listen
@@ -33,14 +34,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Engine, event
+from sqlalchemy import Engine
 
+from dbcluster.bench.connections import NodeEngines, as_node
 from dbcluster.cluster.maintenance.leases import SWEEP
 from dbcluster.cluster.settings import ClusterSettings
 from dbcluster.cluster.store import CoordinationStore
 from dbcluster.cluster.worker import CARRY_MARGIN_S
-from dbcluster.dialects import get_provider, make_engine, provider_for_url
-from dbcluster.dialects.base import SessionLimits
+from dbcluster.dialects import get_provider
 
 #: Maintenance modes: ``every`` node sweeps and scans (as nodes without leased maintenance do),
 #: or ``one`` node (the lease holder) does for all.
@@ -124,7 +125,8 @@ def _carries_leases(provider: Any, engine: Engine) -> bool:
 
 @dataclass
 class SimulatedNode:
-    """One node: its store, its due times and what it did (call starts and durations)."""
+    """One node: its connection (on the engines of its process, ``shared``, else of its own),
+    its due times and what it did (call starts and durations)."""
 
     index: int
     url: str
@@ -132,6 +134,8 @@ class SimulatedNode:
     #: Connections without session settings and without server-side prepared statements (to
     #: reach PostgreSQL through PgBouncer in transaction mode, which carries neither).
     plain: bool = False
+    #: The engines and stores of the process's nodes (None: the node makes its own).
+    shared: NodeEngines | None = None
     #: Per call name: (wall-clock start, milliseconds, lag in milliseconds).
     calls: dict[str, list[tuple[float, float, float]]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
@@ -140,34 +144,23 @@ class SimulatedNode:
     fenced: list[float] = field(default_factory=list)
     joined: bool = False
     store: CoordinationStore | None = None
-    engines: list[Engine] = field(default_factory=list)
     cadence: Cadence | None = None
     node_id: str = ""
     due: dict[str, float] = field(default_factory=dict)
+    _own: NodeEngines | None = None
 
     def join(self, cadence: Cadence) -> None:
-        """Connect (an autocommit engine for single statements; a node that sweeps also a
-        transactional one) and register."""
-        s = self.settings
-        provider = provider_for_url(self.url)
-        limits = (
-            None
-            if self.plain
-            else SessionLimits(s.coordination_lock_timeout_ms, s.idle_transaction_ms)
-        )
-        options: dict[str, Any] = {"pool_size": 1, "max_overflow": 0, "ping": False}
-        auto = None
-        if provider.supports_autocommit:
-            auto = self._engine(limits=limits, autocommit=True, **options)
-        coordination = auto
-        if auto is None or cadence.maintenance:
-            coordination = self._engine(limits=limits, **options)
-        assert coordination is not None
-        self.store = CoordinationStore(coordination, autocommit=auto)
+        """Connect (an autocommit connection for single statements; a node with maintenance of
+        its own also a transactional one) and register."""
+        engines = self.shared
+        if engines is None:
+            engines = self._own = NodeEngines(self.url, self.settings, self.plain)
+        self.store = engines.store(bool(cadence.maintenance))
         self.cadence = cadence
-        self._register()
-        if any(name == "renew" for name, _ in cadence.maintenance):
-            self._take_lease()
+        with as_node(self.index):
+            self._register()
+            if any(name == "renew" for name, _ in cadence.maintenance):
+                self._take_lease()
         self.joined = True
 
     def _take_lease(self) -> None:
@@ -177,18 +170,6 @@ class SimulatedNode:
         row = self.store.leases(term).get(SWEEP)
         if row is None or row.lapsed:
             self.store.take_lease(SWEEP, self.node_id, term, exists=row is not None)
-
-    def _engine(self, **options: Any) -> Engine:
-        engine = make_engine(self.url, coordination=True, **options)
-        if self.plain:
-
-            @event.listens_for(engine, "connect")
-            def _unprepared(dbapi_connection: Any, record: Any) -> None:
-                if hasattr(dbapi_connection, "prepare_threshold"):  # psycopg
-                    dbapi_connection.prepare_threshold = None
-
-        self.engines.append(engine)
-        return engine
 
     def _register(self) -> None:
         assert self.store is not None
@@ -209,6 +190,10 @@ class SimulatedNode:
 
     def run_due(self, now: float) -> None:
         """The call due first (the heartbeat and the poll together where they coincide)."""
+        with as_node(self.index):
+            self._run_due(now)
+
+    def _run_due(self, now: float) -> None:
         name = min(self.due, key=self.due.__getitem__)
         lag_ms = max(0.0, now - self.due[name]) * 1000
         c = self.cadence
@@ -281,12 +266,22 @@ class SimulatedNode:
         """One heartbeat now (the last thing before the nodes start: none is found silent for
         how long the others took to connect)."""
         assert self.store is not None
-        if not self.store.heartbeat(self.node_id, 0):
-            self._fenced()
+        with as_node(self.index):
+            if not self.store.heartbeat(self.node_id, 0):
+                self._fenced()
+
+    def deregister(self) -> None:
+        """Leave the cluster (the node's row goes)."""
+        if self.store is not None and self.node_id:
+            with as_node(self.index):
+                self.store.deregister(self.node_id)
 
     def close(self) -> None:
-        for engine in self.engines:
-            engine.dispose()
+        """Close the node's connections."""
+        if self._own is not None:
+            self._own.dispose()
+        elif self.shared is not None:
+            self.shared.release(self.index)
 
 
 class Scheduler:
