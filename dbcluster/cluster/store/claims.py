@@ -100,7 +100,7 @@ class Claims(Connector):
                 bindparam("b_node"), limit, steal_after_ms, unreachable_ms
             ),
         )
-        rows = self.rows(stmt, "poll", {"b_node": node_id})
+        rows = self.prepared_rows(stmt, "poll", {"b_node": node_id})
         return [(int(r[0]), int(r[1])) for r in rows]
 
     def beat_and_poll(
@@ -129,7 +129,7 @@ class Claims(Connector):
             ),
         )
         if stmt is not None:
-            rows = self.rows(stmt, "heartbeat and poll", params)
+            rows = self.prepared_rows(stmt, "heartbeat and poll", params)
             alive = bool(rows) and int(rows[0][0]) == 1
             return alive, [(int(r[1]), int(r[2])) for r in rows if r[1] is not None]
         # Else the poll and the heartbeat as one request, where the driver can send them so.
@@ -178,7 +178,7 @@ class Claims(Connector):
             lambda: provider.heartbeat_and_read(bindparam("b_node"), bindparam("b_load"), read()),
         )
         if stmt is not None:
-            rows = self.rows(stmt, "heartbeat reading leases", params)
+            rows = self.prepared_rows(stmt, "heartbeat reading leases", params)
             alive = bool(rows) and int(rows[0][0]) == 1
             return (alive, *polled_and_leases([r[1:] for r in rows]))
         pair = self.paired(("read then beat", *key), read, bounded[0])

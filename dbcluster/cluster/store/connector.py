@@ -11,7 +11,7 @@ transition whose first try may have committed before the error is re-checked fro
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from sqlalchemy import Engine
@@ -146,6 +146,19 @@ class Connector:
         def once() -> Sequence[Any]:
             with engine.connect() as conn:
                 return conn.execute(stmt, params).all()
+
+        return self.retry.call(once, what)
+
+    def prepared_rows(self, stmt: Any, what: str, params: Mapping[str, Any]) -> Sequence[Any]:
+        """:meth:`rows` of a statement built once (by :meth:`prepared`), run prebuilt where it
+        can (see :mod:`dbcluster.prebuilt`): an idle node's poll and heartbeat are most of what
+        it costs its process, and SQLAlchemy's lookup of a statement's compiled form cost more
+        of the client than the driver did."""
+        engine = self.autocommit or self.engine
+
+        def once() -> Sequence[Any]:
+            with engine.connect() as conn:
+                return self._prebuilt.rows(conn, stmt, params)
 
         return self.retry.call(once, what)
 
