@@ -76,15 +76,9 @@ class Connector:
         round trip on the autocommit engine (a transaction where the database has no
         autocommit, or bounds lock waits with a statement of its own); its row count."""
         bounded = self.prepared(("bounded", key), lambda: self.provider.bounded(build()))
-        engine = self.autocommit
-        if engine is None or len(bounded) != 1:
+        if self.autocommit is None or len(bounded) != 1:
             return self.transaction(lambda conn: self.run(conn, key, build, params), what)
-
-        def once() -> int:
-            with engine.connect() as conn:
-                return int(conn.execute(bounded[0], params).rowcount)
-
-        return self.retry.call(once, what)
+        return self.alone(lambda conn: int(conn.execute(bounded[0], params).rowcount), what)
 
     def paired(self, key: Any, read: Callable[[], Any], write: Any) -> Any:
         """``read()`` then ``write`` as one request of the autocommit engine (the provider's
@@ -100,14 +94,8 @@ class Connector:
     def run_pair(self, pair: Any, params: Any, what: str) -> tuple[Sequence[Any], int]:
         """A pair of :meth:`paired` on the autocommit engine, repeated on transient errors: the
         read's rows and the write's row count."""
-        engine = self.autocommit
-        assert engine is not None
-
-        def once() -> tuple[Sequence[Any], int]:
-            with engine.connect() as conn:
-                return pair.run(conn, params)  # type: ignore[no-any-return]
-
-        return self.retry.call(once, what)
+        assert self.autocommit is not None
+        return self.alone(lambda conn: pair.run(conn, params), what)  # type: ignore[no-any-return]
 
     def transaction(
         self,
@@ -141,24 +129,24 @@ class Connector:
     def rows(self, stmt: Any, what: str, params: Any = None) -> Sequence[Any]:
         """A read: one statement on the autocommit engine (no BEGIN/ROLLBACK), repeated on
         transient errors."""
-        engine = self.autocommit or self.engine
-
-        def once() -> Sequence[Any]:
-            with engine.connect() as conn:
-                return conn.execute(stmt, params).all()
-
-        return self.retry.call(once, what)
+        return self.alone(lambda conn: conn.execute(stmt, params).all(), what)
 
     def prepared_rows(self, stmt: Any, what: str, params: Mapping[str, Any]) -> Sequence[Any]:
         """:meth:`rows` of a statement built once (by :meth:`prepared`), run prebuilt where it
         can (see :mod:`dbcluster.prebuilt`): an idle node's poll and heartbeat are most of what
         it costs its process, and SQLAlchemy's lookup of a statement's compiled form cost more
         of the client than the driver did."""
+        return self.alone(lambda conn: self._prebuilt.rows(conn, stmt, params), what)
+
+    def alone(self, work: Callable[[Connection], T], what: str) -> T:
+        """``work`` (one statement, or one request) on a connection of the autocommit engine,
+        where it commits on its own (of the transactional engine where the database has no
+        autocommit), repeated on transient errors."""
         engine = self.autocommit or self.engine
 
-        def once() -> Sequence[Any]:
+        def once() -> T:
             with engine.connect() as conn:
-                return self._prebuilt.rows(conn, stmt, params)
+                return work(conn)
 
         return self.retry.call(once, what)
 
