@@ -240,6 +240,8 @@ def run_dbcluster(url: str, args: argparse.Namespace) -> tuple[dict[str, Any], d
         "drain_per_s": drained["framework"]["partitions_per_s"],
         "start_ms_median": started["launch_to_partition_start_ms"]["median"],
         "start_ms_p95": started["launch_to_partition_start_ms"]["p95"],
+        # Where dbcluster's launch -> body start goes (see dbcluster/bench/stages.py).
+        "start_stages": {name: s["median_ms"] for name, s in started["stages"].items()},
     }
     floor = {
         "system": f"floor: the INSERTs by hand, {params.baseline_threads} threads "
@@ -311,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"rows": [peer, ours, floor], "ratio_dbcluster_to_pgqueuer": ratio}))
     else:
         print(table([peer, ours, floor], ratio))
+        stages = ", ".join(f"{name} {ms}" for name, ms in ours["start_stages"].items())
+        print(f"\ndbcluster's launch -> body start by stage (medians, ms): {stages}")
     return 0
 
 

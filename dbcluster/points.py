@@ -2,8 +2,9 @@
 
 Production code calls :func:`reach` at the worst moments of its protocols (a chunk transaction
 holding its fence just before ``COMMIT``, a master between two steps, a worker between its poll
-and its claim). With no handler installed, and none ever is outside tests, :func:`reach` is one
-truthiness check of an empty dict: a point costs nothing unless it is armed. Tests install
+and its claim). With no handler installed (none is outside tests and the latency benchmark,
+which records when a launch reaches some of them: :mod:`dbcluster.bench.stages`), :func:`reach`
+is one truthiness check of an empty dict: a point costs nothing unless it is armed. Tests install
 handlers with :func:`parked` (in-process) or through :mod:`dbcluster.testing.faults` (in a node
 process, steered by files). This module sits at the bottom of the house (it imports nothing of
 dbcluster), so the engine never imports the test package to reach a point. Not public API
@@ -39,6 +40,10 @@ Points and the details they pass:
   transaction when a launch places them there).
 - ``node.between_poll_and_claim``: ``node_id``, ``partitions``: a worker read its pending
   partitions and has not claimed them.
+- ``node.offered``: ``node_id``, ``partitions``: a worker's listener received a wake-up naming
+  these partitions (step execution ids), before the worker is told.
+- ``node.claimed``: ``node_id``, ``partitions``: a worker's claim committed; the partitions it
+  won (``ClaimedPartition`` objects), before its executor starts them.
 - ``app.checkpoint``: ``node_id``: the test application's partition body (see
   :func:`dbcluster.testing.app.ledger_tasklet`).
 """

@@ -2,7 +2,9 @@
 
 Imported by the benchmark's worker processes (``--app dbcluster.bench.app:registry``); when
 ``DBCLUSTER_BENCH_COUNTS`` names a file, the process counts its statements into it, and its
-SQLite round trips too when ``DBCLUSTER_BENCH_TRACE`` is set.
+SQLite round trips too when ``DBCLUSTER_BENCH_TRACE`` is set, and when
+``DBCLUSTER_BENCH_STAGES`` is set it records when each partition reaches the worker's points
+beside it (:mod:`dbcluster.bench.stages`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from dbcluster.batch import (
     TaskletStep,
 )
 from dbcluster.batch.scope import ChunkContext
-from dbcluster.bench import counting
+from dbcluster.bench import counting, stages
 
 if os.environ.get("DBCLUSTER_BENCH_COUNTS"):
     if os.environ.get("DBCLUSTER_BENCH_STATEMENTS", "1") != "0":
@@ -29,6 +31,8 @@ if os.environ.get("DBCLUSTER_BENCH_COUNTS"):
     if os.environ.get("DBCLUSTER_BENCH_TRACE"):
         counting.install_trace()
     counting.start_dumping(os.environ["DBCLUSTER_BENCH_COUNTS"])
+    if os.environ.get("DBCLUSTER_BENCH_STAGES"):
+        stages.record_worker(os.environ["DBCLUSTER_BENCH_COUNTS"] + stages.SUFFIX)
 
 
 def noop(ctx: ChunkContext) -> RepeatStatus:

@@ -6,11 +6,9 @@ because the counting proxy adds a hop to every message."""
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
-from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import (
@@ -40,9 +38,6 @@ from dbcluster.batch.scope import ChunkContext
 from dbcluster.bench import counting
 from dbcluster.bench.app import (
     build_registry,
-    drain_metadata,
-    drain_rows,
-    started_rows,
 )
 from dbcluster.bench.ceiling import ceiling
 from dbcluster.bench.common import (
@@ -58,9 +53,10 @@ from dbcluster.bench.common import (
 from dbcluster.bench.drain import drain
 from dbcluster.bench.failover import failover
 from dbcluster.bench.harness import Tap, counting_tap, scratch_database, worker_pool
+from dbcluster.bench.latency import latency
 from dbcluster.bench.simulated import Cadence, Scheduler, SimulatedNode
 from dbcluster.bench.wire import summarize
-from dbcluster.cluster import Cluster, ClusterSettings
+from dbcluster.cluster import ClusterSettings
 from dbcluster.dialects import make_engine
 from dbcluster.schema import partitions, step_execution
 
@@ -143,124 +139,6 @@ def overhead(url: str | None, p: Params) -> dict[str, Any]:
         },
         "extra_statements_per_partition": round(extra, 3),
         "throughput_ratio_cluster_to_local": round(local_s / run.seconds, 3),
-    }
-    if round_trips:
-        out["round_trips"] = round_trips
-    return out
-
-
-# --- latency ------------------------------------------------------------------------------------
-
-
-def insert_transaction_ms(engine: Engine, runs: int) -> list[float]:
-    """Milliseconds of a hand-written one-row INSERT, each in its own transaction, on a warm
-    connection: the floor of making anything visible in this database."""
-    drain_metadata.create_all(engine)
-    times = []
-    with engine.connect() as conn:
-        for i in range(runs):
-            started = time.perf_counter()
-            with conn.begin():
-                conn.execute(insert(drain_rows), {"id": -1 - i, "name": "floor"})
-            times.append((time.perf_counter() - started) * 1000)
-        with conn.begin():
-            conn.execute(drain_rows.delete())
-    return times
-
-
-def _launches(
-    db: str,
-    engine: Engine,
-    registry: JobRegistry,
-    settings: ClusterSettings,
-    runs: int,
-    label: str,
-    tap: Tap | None = None,
-) -> tuple[list[float], list[float], list[float], Meter]:
-    """Launch the one-partition job ``runs`` times on 2 idle worker processes: seconds from
-    launch to the partition's body beginning (the time it wrote), to the start its claim
-    recorded, and to the job's end; and the round trips of the launches."""
-    start_lat, recorded_lat, done_lat = [], [], []
-    counting.uninstall()  # no statement listeners: the round trips come from the tap
-    drain_metadata.create_all(engine)
-    with worker_pool(
-        tap.worker_url if tap else db,
-        settings,
-        tap.worker_env if tap else {},
-        count_statements=False,
-    ) as pool:
-        pool.start(2)
-        pool.wait_registered(engine, 2)
-        master_engine = make_engine(tap.url) if tap else engine
-        with Cluster(master_engine, registry, settings, work=False, take_over=False) as cluster:
-            meter = Meter(tap, pool)
-            for run in range(runs):
-                launched_at = time.time()
-                launched = datetime.fromtimestamp(launched_at, UTC).replace(tzinfo=None)
-                t0 = time.perf_counter()
-                with meter:
-                    execution = cluster.launch("started-one", {"run": f"{label}-{run}"})
-                done_lat.append(time.perf_counter() - t0)
-                with engine.connect() as conn:
-                    recorded = conn.execute(
-                        select(step_execution.c.start_time).where(
-                            step_execution.c.job_execution_id == execution.id,
-                            step_execution.c.step_name.like("started.worker:%"),
-                        )
-                    ).scalar_one()
-                    began = conn.execute(
-                        select(started_rows.c.started_at).where(
-                            started_rows.c.job_execution_id == execution.id
-                        )
-                    ).scalar_one()
-                start_lat.append(began - launched_at)
-                recorded_lat.append((recorded - launched).total_seconds())
-        if master_engine is not engine:
-            master_engine.dispose()
-    return start_lat, recorded_lat, done_lat, meter
-
-
-def latency(url: str | None, p: Params) -> dict[str, Any]:
-    """Idle nodes already running; a one-partition job launched ``latency_runs`` times."""
-    settings = p.settings
-    with scratch_database(url) as db:
-        registry = build_registry(1)
-        engine = make_engine(db)
-        floor = insert_transaction_ms(engine, max(20, p.latency_runs))
-        start_lat, recorded_lat, done_lat, _ = _launches(
-            db, engine, registry, settings, p.latency_runs, "t"
-        )
-        round_trips: dict[str, Any] = {}
-        if p.counting:
-            counted_runs = min(10, p.latency_runs)
-            with counting_tap(db) as tap:
-                *_, meter = _launches(db, engine, registry, settings, counted_runs, "c", tap)
-                round_trips = round_trip_report(tap, meter, counted_runs, "launch")
-                round_trips["launches_counted"] = counted_runs
-        engine.dispose()
-    ms = lambda v: round(v * 1000, 1)  # noqa: E731
-    out: dict[str, Any] = {
-        "runs": p.latency_runs,
-        "task_polling_interval_ms": settings.task_polling_interval,
-        # The body's own clock, as the peers' latency task reads it (the claim's COMMIT and the
-        # executor's thread included).
-        "launch_to_partition_start_ms": {
-            "median": ms(statistics.median(start_lat)),
-            "p95": ms(pct(start_lat, 0.95)),
-        },
-        "launch_to_start_recorded_ms": {
-            "median": ms(statistics.median(recorded_lat)),
-            "p95": ms(pct(recorded_lat, 0.95)),
-        },
-        "launch_to_job_complete_ms": {
-            "median": ms(statistics.median(done_lat)),
-            "p95": ms(pct(done_lat, 0.95)),
-        },
-        "baseline_one_insert_transaction_ms": {
-            "median": round(statistics.median(floor), 2),
-            "p95": round(pct(floor, 0.95), 2),
-        },
-        **headline(round_trips, "launch"),
     }
     if round_trips:
         out["round_trips"] = round_trips

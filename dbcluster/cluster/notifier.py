@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine
 
+from dbcluster import points
 from dbcluster.cluster.service import Service
 from dbcluster.cluster.store import offered_ids
 from dbcluster.dialects import get_provider
@@ -86,6 +87,7 @@ class Notifier(Service):
             self._set_healthy(True)
             if payloads is not None:
                 ids = [sid for payload in payloads for sid in offered_ids(payload)]
+                points.reach("node.offered", node_id=identity.node_id, partitions=ids)
                 self.worker.offer(identity.node_id, ids)
         except Exception as exc:  # noqa: BLE001 - the node polls meanwhile
             if not self.unavailable(exc):  # an outage: one WARNING for all of it

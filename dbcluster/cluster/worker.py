@@ -312,6 +312,7 @@ class Worker(Service):
             self.context.fence(identity, str(exc))
             return True
         self._withdrawals = 0
+        points.reach("node.claimed", node_id=identity.node_id, partitions=won)
         if won:
             self._transferable = all(claimed.partition.transferable for claimed in won)
         if offered and len(won) < len(polled):

@@ -194,3 +194,15 @@ def test_bench_latency_reads_the_start_at_the_partitions_body(env_var: str | Non
     body, recorded = latency["launch_to_partition_start_ms"], latency["launch_to_start_recorded_ms"]
     assert 0 <= recorded["median"] <= body["median"] < 10_000, latency
     assert body["median"] <= latency["launch_to_job_complete_ms"]["median"], latency
+    # Where the time went: every launch reached the master's commit, the claim and the body;
+    # only PostgreSQL wakes the worker (elsewhere a poll finds the partition). Each stage of a
+    # launch lies within its total, so each stage's median is at most the total's.
+    stages = latency["stages"]
+    woken = env_var == "DBCLUSTER_TEST_POSTGRESQL_URL"
+    expected = {"launch_to_created", "claim", "claimed_to_body"}
+    if woken:
+        expected |= {"launch_to_offered", "offered_to_claim_sent"}
+    assert set(stages) == expected, stages
+    for name, stage in stages.items():
+        assert stage["n"] == 3, (name, stages)
+        assert 0 <= stage["median_ms"] <= body["median"] + 0.1, (name, latency)

@@ -1,0 +1,66 @@
+"""The latency scenario's stages (dbcluster/bench/stages.py): each launch's marks are the first
+each point recorded for its ids, and each stage's median covers the launches that reached both
+of its ends."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dbcluster import points
+from dbcluster.bench import stages
+
+
+def test_each_launch_takes_the_first_mark_of_its_own_ids() -> None:
+    launches = [(100.0, 7, 70, 100.010), (200.0, 8, 80, 200.020)]
+    master = [(stages.CREATED, 100.002, [7]), (stages.CREATED, 200.004, [8])]
+    workers = [
+        ("node.offered", 100.003, [70]),
+        ("node.offered", 100.009, [70]),  # a second wake-up naming it: the first one counts
+        ("node.between_poll_and_claim", 100.004, [70, 99]),
+        ("node.claimed", 100.006, [70]),
+        # Launch 8 was found by a poll: no wake-up.
+        ("node.between_poll_and_claim", 200.010, [80]),
+        ("node.claimed", 200.012, [80]),
+    ]
+    marks = stages.per_launch(launches, master, workers)
+    assert marks[0]["node.offered"] == 100.003
+    assert "node.offered" not in marks[1]
+    medians = stages.stage_medians(marks)
+    assert medians["launch_to_created"] == {"median_ms": 3.0, "n": 2}
+    assert medians["launch_to_offered"] == {"median_ms": 3.0, "n": 1}
+    assert medians["offered_to_claim_sent"] == {"median_ms": 1.0, "n": 1}
+    assert medians["claim"] == {"median_ms": 2.0, "n": 2}
+    assert medians["claimed_to_body"] == {"median_ms": 6.0, "n": 2}
+
+
+def test_the_master_records_its_commits_only_while_recording() -> None:
+    class Execution:
+        id = 5
+
+    with stages.recording_master() as marks:
+        points.reach(stages.CREATED, job_execution=Execution())
+    points.reach(stages.CREATED, job_execution=Execution())
+    assert [(point, ids) for point, _, ids in marks.marks] == [(stages.CREATED, [5])]
+    assert not points._handlers  # nothing left armed
+
+
+def test_a_worker_records_claimed_partitions_by_their_ids(tmp_path: Path) -> None:
+    class Pending:
+        step_execution_id = 42
+
+    class Claimed:
+        partition = Pending()
+
+    path = str(tmp_path / "worker-0.json") + stages.SUFFIX
+    recording = stages.WorkerRecording(path, interval_s=0.05).start()
+    try:
+        points.reach("node.offered", node_id="n", partitions=[42])
+        points.reach("node.claimed", node_id="n", partitions=[Claimed()])
+        found = stages.read_workers(tmp_path, after=recording.marks.marks[-1][1])
+    finally:
+        recording.stop()
+    assert not points._handlers
+    assert [(point, ids) for point, _, ids in found] == [
+        ("node.offered", [42]),
+        ("node.claimed", [42]),
+    ]
