@@ -42,8 +42,9 @@ Points and the details they pass:
   partitions and has not claimed them.
 - ``node.offered``: ``node_id``, ``partitions``: a worker's listener received a wake-up naming
   these partitions (step execution ids), before the worker is told.
-- ``node.claimed``: ``node_id``, ``partitions``: a worker's claim committed; the partitions it
-  won (``ClaimedPartition`` objects), before its executor starts them.
+- ``node.claimed``: ``node_id``, ``partitions``: a worker's poller claimed; the partitions it
+  won (``ClaimedPartition`` objects), before its executor starts them (not the claims a
+  partition's final write makes as its slot hands itself on).
 - ``app.checkpoint``: ``node_id``: the test application's partition body (see
   :func:`dbcluster.testing.app.ledger_tasklet`).
 """

@@ -9,7 +9,8 @@ at fault points (:mod:`dbcluster.points`: free unless a handler is installed, as
 - ``node.offered`` (a worker): its listener received the wake-up naming the partition (absent
   where the database has no LISTEN/NOTIFY: the partition is then found by a poll);
 - ``node.between_poll_and_claim``: the worker's claim is about to go out;
-- ``node.claimed``: the claim committed and its rows came back;
+- ``node.claimed``: the claim committed and its rows came back (the poller's claims; a slot
+  that hands itself on claims in its final write, which no idle launch does);
 
 and the body writes its own clock (``bench_started``). All on one host, so the processes'
 clocks agree. A worker process records when ``DBCLUSTER_BENCH_STAGES`` is set (see
@@ -47,21 +48,21 @@ STAGES = (
 
 
 class Marks:
-    """The times this process reached the recorded points: ``(point, time, ids)`` each, ids
-    being the partitions' step execution ids (a worker's points) or the job execution's id (the
-    master's)."""
+    """The times this process reached the recorded points: ``(point, time, ids, node)`` each,
+    ids being the partitions' step execution ids and node the worker's node id (a worker's
+    points), or the job execution's id and None (the master's)."""
 
     def __init__(self) -> None:
-        self.marks: list[tuple[str, float, list[int]]] = []
+        self.marks: list[tuple[str, float, list[int], str | None]] = []
 
     def worker_handler(self, point: str) -> Any:
-        def handler(partitions: Iterable[Any] = (), **_: Any) -> None:
-            self.marks.append((point, time.time(), [_id(p) for p in partitions]))
+        def handler(node_id: str = "", partitions: Iterable[Any] = (), **_: Any) -> None:
+            self.marks.append((point, time.time(), [_id(p) for p in partitions], node_id))
 
         return handler
 
     def created(self, job_execution: Any, **_: Any) -> None:
-        self.marks.append((CREATED, time.time(), [int(job_execution.id)]))
+        self.marks.append((CREATED, time.time(), [int(job_execution.id)], None))
 
 
 def _id(partition: Any) -> int:
@@ -78,14 +79,16 @@ class WorkerRecording:
         self.marks = Marks()
         self.handlers = [(point, self.marks.worker_handler(point)) for point in WORKER_POINTS]
         self._stop = threading.Event()
+        self._writing = threading.Lock()
         self._thread = threading.Thread(
             target=self._loop, args=(interval_s,), name="dbcluster-bench-stages", daemon=True
         )
 
     def dump(self) -> None:
-        tmp = Path(self.path + ".tmp")
-        tmp.write_text(json.dumps({"at": time.time(), "marks": list(self.marks.marks)}))
-        tmp.replace(self.path)
+        with self._writing:  # the loop's and stop()'s writes share the temporary file
+            tmp = Path(self.path + ".tmp")
+            tmp.write_text(json.dumps({"at": time.time(), "marks": list(self.marks.marks)}))
+            tmp.replace(self.path)
 
     def _loop(self, interval_s: float) -> None:
         while not self._stop.wait(interval_s):
@@ -127,7 +130,7 @@ def recording_master() -> Iterator[Marks]:
         points.remove(CREATED, marks.created)
 
 
-def read_workers(folder: Path, after: float, timeout: float = 10) -> list[tuple[str, float, Any]]:
+def read_workers(folder: Path, after: float, timeout: float = 10) -> list[Sequence[Any]]:
     """Every worker's marks in ``folder``, once each file was rewritten after ``after``."""
     deadline = time.monotonic() + timeout
     while True:
@@ -147,24 +150,45 @@ def read_workers(folder: Path, after: float, timeout: float = 10) -> list[tuple[
 
 def per_launch(
     launches: Sequence[tuple[float, int, int, float]],
-    master: Iterable[tuple[str, float, Any]],
-    workers: Iterable[tuple[str, float, Any]],
+    master: Iterable[Sequence[Any]],
+    workers: Iterable[Sequence[Any]],
 ) -> list[dict[str, float]]:
     """Each launch's marks: ``launches`` holds (launch time, job execution id, the partition's
-    step execution id, the body's time) each; a point's first mark naming the launch's id
-    counts."""
-    by_id: dict[tuple[str, int], float] = {}
-    for point, at, ids in (*master, *workers):
+    step execution id, the body's time) each. The worker's marks are those of the node whose
+    claim won the partition (the first ``node.claimed`` naming it): the last claim it sent for
+    it before that, and the first wake-up naming it before that claim was sent (a wake-up that
+    came after a poll had found the partition started nothing)."""
+    created: dict[int, float] = {}
+    for _, at, ids, *_node in master:
         for key in ids:
-            by_id.setdefault((point, int(key)), float(at))
+            created[int(key)] = min(float(at), created.get(int(key), float(at)))
+    by_point: dict[tuple[str, int], list[tuple[float, str]]] = {}
+    for point, at, ids, *node in workers:
+        for key in ids:
+            by_point.setdefault((point, int(key)), []).append((float(at), node[0] if node else ""))
     found = []
     for launched, job_execution_id, step_execution_id, body in launches:
         marks = {"launch": launched, "body": body}
-        if (CREATED, job_execution_id) in by_id:
-            marks[CREATED] = by_id[(CREATED, job_execution_id)]
-        for point in WORKER_POINTS:
-            if (point, step_execution_id) in by_id:
-                marks[point] = by_id[(point, step_execution_id)]
+        if job_execution_id in created:
+            marks[CREATED] = created[job_execution_id]
+        claims = sorted(by_point.get(("node.claimed", step_execution_id), ()))
+        if claims:
+            claimed_at, node = claims[0]
+            marks["node.claimed"] = claimed_at
+            sent = [
+                at
+                for at, by in by_point.get(("node.between_poll_and_claim", step_execution_id), ())
+                if by == node and at <= claimed_at
+            ]
+            if sent:
+                marks["node.between_poll_and_claim"] = max(sent)
+                offered = [
+                    at
+                    for at, by in by_point.get(("node.offered", step_execution_id), ())
+                    if by == node and at <= max(sent)
+                ]
+                if offered:
+                    marks["node.offered"] = min(offered)
         found.append(marks)
     return found
 

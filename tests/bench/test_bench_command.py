@@ -195,14 +195,21 @@ def test_bench_latency_reads_the_start_at_the_partitions_body(env_var: str | Non
     assert 0 <= recorded["median"] <= body["median"] < 10_000, latency
     assert body["median"] <= latency["launch_to_job_complete_ms"]["median"], latency
     # Where the time went: every launch reached the master's commit, the claim and the body;
-    # only PostgreSQL wakes the worker (elsewhere a poll finds the partition). Each stage of a
-    # launch lies within its total, so each stage's median is at most the total's.
+    # only PostgreSQL wakes the worker (elsewhere a poll finds the partition, and on
+    # PostgreSQL too when a poll finds it first, e.g. before the listener is up). A worker's
+    # marks of a launch come before its body; the master's commit before its launch returns.
+    # Each stage of a launch within a total of the same launch: its median is at most that
+    # total's.
+    # (tests/cluster/test_idle_cost.py checks that a listening worker reaches the wake-up's
+    # point; here a worker whose listener was not up yet found every launch by a poll.)
     stages = latency["stages"]
-    woken = env_var == "DBCLUSTER_TEST_POSTGRESQL_URL"
     expected = {"launch_to_created", "claim", "claimed_to_body"}
-    if woken:
-        expected |= {"launch_to_offered", "offered_to_claim_sent"}
+    woken = {"launch_to_offered", "offered_to_claim_sent"}
+    if env_var == "DBCLUSTER_TEST_POSTGRESQL_URL" and woken & set(stages):
+        expected |= woken
     assert set(stages) == expected, stages
+    complete = latency["launch_to_job_complete_ms"]["median"]
     for name, stage in stages.items():
-        assert stage["n"] == 3, (name, stages)
-        assert 0 <= stage["median_ms"] <= body["median"] + 0.1, (name, latency)
+        assert 1 <= stage["n"] <= 3 and (stage["n"] == 3 or "offered" in name), (name, stages)
+        bound = complete if name == "launch_to_created" else body["median"]
+        assert 0 <= stage["median_ms"] <= bound + 0.1, (name, latency)

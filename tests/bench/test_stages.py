@@ -1,6 +1,6 @@
-"""The latency scenario's stages (dbcluster/bench/stages.py): each launch's marks are the first
-each point recorded for its ids, and each stage's median covers the launches that reached both
-of its ends."""
+"""The latency scenario's stages (dbcluster/bench/stages.py): a launch's worker marks are those of
+the node whose claim won its partition, in the order that claim passed them, and each stage's
+median covers the launches that reached both of its ends."""
 
 from __future__ import annotations
 
@@ -10,21 +10,27 @@ from dbcluster import points
 from dbcluster.bench import stages
 
 
-def test_each_launch_takes_the_first_mark_of_its_own_ids() -> None:
-    launches = [(100.0, 7, 70, 100.010), (200.0, 8, 80, 200.020)]
-    master = [(stages.CREATED, 100.002, [7]), (stages.CREATED, 200.004, [8])]
+def test_a_launch_takes_the_marks_of_the_node_whose_claim_won_it() -> None:
+    launches = [(100.0, 7, 70, 100.010), (200.0, 8, 80, 200.020), (300.0, 9, 90, 300.020)]
+    master = [(stages.CREATED, 100.002, [7], None), (stages.CREATED, 200.004, [8], None)]
     workers = [
-        ("node.offered", 100.003, [70]),
-        ("node.offered", 100.009, [70]),  # a second wake-up naming it: the first one counts
-        ("node.between_poll_and_claim", 100.004, [70, 99]),
-        ("node.claimed", 100.006, [70]),
-        # Launch 8 was found by a poll: no wake-up.
-        ("node.between_poll_and_claim", 200.010, [80]),
-        ("node.claimed", 200.012, [80]),
+        ("node.offered", 100.003, [70], "a"),
+        ("node.offered", 100.009, [70], "a"),  # a second wake-up naming it: the first counts
+        ("node.between_poll_and_claim", 100.0035, [70, 99], "b"),  # another node's claim lost
+        ("node.between_poll_and_claim", 100.004, [70, 99], "a"),
+        ("node.claimed", 100.006, [70], "a"),
+        # Launch 8: a poll found it; the wake-up that came after started nothing.
+        ("node.between_poll_and_claim", 200.010, [80], "a"),
+        ("node.offered", 200.011, [80], "a"),
+        ("node.claimed", 200.012, [80], "a"),
+        # Launch 9: no claim recorded (its final-write hand-on, say): no worker marks.
+        ("node.offered", 300.005, [90], "a"),
     ]
     marks = stages.per_launch(launches, master, workers)
     assert marks[0]["node.offered"] == 100.003
+    assert marks[0]["node.between_poll_and_claim"] == 100.004
     assert "node.offered" not in marks[1]
+    assert set(marks[2]) == {"launch", "body"}
     medians = stages.stage_medians(marks)
     assert medians["launch_to_created"] == {"median_ms": 3.0, "n": 2}
     assert medians["launch_to_offered"] == {"median_ms": 3.0, "n": 1}
@@ -40,7 +46,7 @@ def test_the_master_records_its_commits_only_while_recording() -> None:
     with stages.recording_master() as marks:
         points.reach(stages.CREATED, job_execution=Execution())
     points.reach(stages.CREATED, job_execution=Execution())
-    assert [(point, ids) for point, _, ids in marks.marks] == [(stages.CREATED, [5])]
+    assert [(point, ids) for point, _, ids, _ in marks.marks] == [(stages.CREATED, [5])]
     assert not points._handlers  # nothing left armed
 
 
@@ -60,7 +66,7 @@ def test_a_worker_records_claimed_partitions_by_their_ids(tmp_path: Path) -> Non
     finally:
         recording.stop()
     assert not points._handlers
-    assert [(point, ids) for point, _, ids in found] == [
-        ("node.offered", [42]),
-        ("node.claimed", [42]),
+    assert [(point, ids, node) for point, _, ids, node in found] == [
+        ("node.offered", [42], "n"),
+        ("node.claimed", [42], "n"),
     ]

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from sqlalchemy import event, select, text
 
+from dbcluster import points
 from dbcluster.cluster.maintenance.leases import SWEEP
 from dbcluster.cluster.notifier import Notifier
 from dbcluster.schema import partitions
@@ -244,3 +245,48 @@ def test_a_dead_nodes_unstarted_partitions_are_claimed_within_the_unreachable_th
         thaw.set()
         poller.gate = None
     run["thread"].join(timeout=60)
+
+
+@pytest.mark.backends("postgresql")
+def test_a_woken_worker_reaches_offered_then_claimed_with_the_partition_placed_on_it(
+    backend: Backend, make_cluster: Any
+) -> None:
+    """The points the latency benchmark times a launch by (dbcluster/bench/stages.py): the
+    listener's wake-up names the partitions placed on the node (``node.offered``), and the
+    poller's claim wins them (``node.claimed``), on that node. (Which comes first is not
+    asserted: a heartbeat's poll may find them before the wake-up arrives.)"""
+    master = make_cluster(SETTINGS, work=False)
+    worker = make_cluster(SETTINGS)
+    wait_for(lambda: _notifier(worker).healthy, what="the worker to listen")
+    seen: list[tuple[str, str, list[int]]] = []
+
+    def recorder(point: str) -> Any:
+        def record(node_id: str, partitions: Any) -> None:
+            ids = [getattr(p, "partition", p) for p in partitions]
+            seen.append((point, node_id, [getattr(i, "step_execution_id", i) for i in ids]))
+
+        return record
+
+    handlers = [(p, recorder(p)) for p in ("node.offered", "node.claimed")]
+    for point, handler in handlers:
+        points.install(point, handler)
+    try:
+        execution = master.launch("ledger", {"run": 1})
+    finally:
+        for point, handler in handlers:
+            points.remove(point, handler)
+    with backend.engine.connect() as conn:
+        placed = {
+            int(r.step_execution_id)
+            for r in conn.execute(
+                select(partitions.c.step_execution_id).where(
+                    partitions.c.job_execution_id == execution.id
+                )
+            )
+        }
+    node_id = worker.node.identity.node_id
+    offered = {i for point, node, ids in seen if point == "node.offered" for i in ids}
+    claimed = {i for point, node, ids in seen if point == "node.claimed" for i in ids}
+    assert claimed == placed, seen
+    assert offered & placed, seen  # the wake-up named what it placed
+    assert {node for _, node, _ in seen} == {node_id}, seen
