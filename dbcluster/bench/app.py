@@ -3,8 +3,8 @@
 Imported by the benchmark's worker processes (``--app dbcluster.bench.app:registry``); when
 ``DBCLUSTER_BENCH_COUNTS`` names a file, the process counts its statements into it, and its
 SQLite round trips too when ``DBCLUSTER_BENCH_TRACE`` is set, and when
-``DBCLUSTER_BENCH_STAGES`` is set it records when each partition reaches the worker's points
-beside it (:mod:`dbcluster.bench.stages`).
+``DBCLUSTER_BENCH_STAGES`` is set the times each partition reached the worker's points as
+well (:mod:`dbcluster.bench.stages`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ if os.environ.get("DBCLUSTER_BENCH_COUNTS"):
         counting.install_trace()
     counting.start_dumping(os.environ["DBCLUSTER_BENCH_COUNTS"])
     if os.environ.get("DBCLUSTER_BENCH_STAGES"):
-        stages.record_worker(os.environ["DBCLUSTER_BENCH_COUNTS"] + stages.SUFFIX)
+        stages.record_worker()
 
 
 def noop(ctx: ChunkContext) -> RepeatStatus:

@@ -21,7 +21,7 @@ import re
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,8 @@ counts: Counter[str] = Counter()
 _installed = False
 #: SQLite's statement trace in this process, once :func:`install_trace` ran.
 trace: SqliteTrace | None = None
+#: More of what this process dumps beside its counts, by name (see :func:`also_dump`).
+_sections: dict[str, Callable[[], Any]] = {}
 
 
 _MAIN_TABLE = re.compile(
@@ -134,13 +136,25 @@ def reset() -> None:
         counts.clear()
 
 
+def also_dump(name: str, section: Callable[[], Any] | None) -> None:
+    """Have :func:`dump` write ``section()`` under ``name`` too (None: no more)."""
+    if section is None:
+        _sections.pop(name, None)
+    else:
+        _sections[name] = section
+
+
 def dump(path: str | Path) -> None:
-    """Write ``{"at": unix time, "statements": ..., "round_trips": ...}`` atomically."""
+    """Write ``{"at": unix time, "statements": ..., "round_trips": ...}`` atomically, with the
+    sections of :func:`also_dump`."""
     target = Path(path)
     tmp = target.with_suffix(".tmp")
     round_trips = trace.counts.snapshot() if trace is not None else {}
+    more = {name: section() for name, section in list(_sections.items())}
     tmp.write_text(
-        json.dumps({"at": time.time(), "statements": snapshot(), "round_trips": round_trips})
+        json.dumps(
+            {"at": time.time(), "statements": snapshot(), "round_trips": round_trips, **more}
+        )
     )
     os.replace(tmp, target)
 

@@ -100,7 +100,12 @@ def _launches(
                 found.recorded.append((recorded - at).total_seconds())
                 launched.append((launched_at, execution.id, step_execution_id, began))
         if tap is None:
-            workers = stages.read_workers(pool.folder, after=time.time())
+            pool.settle()  # every worker's file written after its last mark
+            workers = [
+                mark
+                for worker in pool.workers
+                for mark in counting.read_file(worker.counts_path).get(stages.SECTION, ())
+            ]
             found.marks = stages.per_launch(launched, master_marks.marks, workers)
         if master_engine is not engine:
             master_engine.dispose()

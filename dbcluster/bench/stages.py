@@ -14,29 +14,27 @@ at fault points (:mod:`dbcluster.points`: free unless a handler is installed, as
 
 and the body writes its own clock (``bench_started``). All on one host, so the processes'
 clocks agree. A worker process records when ``DBCLUSTER_BENCH_STAGES`` is set (see
-:mod:`dbcluster.bench.app`), into a file beside its counts that it rewrites every 0.2 s.
+:mod:`dbcluster.bench.app`); its counts file, rewritten every 0.2 s
+(:func:`dbcluster.bench.counting.start_dumping`), carries its marks as ``stages``.
 """
 
 from __future__ import annotations
 
-import atexit
-import json
 import statistics
-import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 from dbcluster import points
+from dbcluster.bench import counting
 
 #: The worker's points, in the order a partition passes them.
 WORKER_POINTS = ("node.offered", "node.between_poll_and_claim", "node.claimed")
 #: The master's point.
 CREATED = "master.after_create_execution"
-#: A worker process's stage file: its counts file's path plus this.
-SUFFIX = ".stages"
+#: Where a worker's counts file carries its marks.
+SECTION = "stages"
 #: The stages reported, each (name, from, to) over the marks of one launch.
 STAGES = (
     ("launch_to_created", "launch", CREATED),
@@ -54,8 +52,10 @@ class Marks:
 
     def __init__(self) -> None:
         self.marks: list[tuple[str, float, list[int], str | None]] = []
+        #: The handlers installed at the worker's points, by point.
+        self.handlers = {point: self._worker_handler(point) for point in WORKER_POINTS}
 
-    def worker_handler(self, point: str) -> Any:
+    def _worker_handler(self, point: str) -> Any:
         def handler(node_id: str = "", partitions: Iterable[Any] = (), **_: Any) -> None:
             self.marks.append((point, time.time(), [_id(p) for p in partitions], node_id))
 
@@ -64,6 +64,9 @@ class Marks:
     def created(self, job_execution: Any, **_: Any) -> None:
         self.marks.append((CREATED, time.time(), [int(job_execution.id)], None))
 
+    def snapshot(self) -> list[tuple[str, float, list[int], str | None]]:
+        return list(self.marks)
+
 
 def _id(partition: Any) -> int:
     """A step execution id, or a claimed partition's (``node.claimed`` passes those)."""
@@ -71,52 +74,21 @@ def _id(partition: Any) -> int:
     return int(inner.step_execution_id if inner is not None else partition)
 
 
-class WorkerRecording:
-    """A worker process's recording (:func:`record_worker`): its marks, and a stop path."""
-
-    def __init__(self, path: str, interval_s: float) -> None:
-        self.path = path
-        self.marks = Marks()
-        self.handlers = [(point, self.marks.worker_handler(point)) for point in WORKER_POINTS]
-        self._stop = threading.Event()
-        self._writing = threading.Lock()
-        self._thread = threading.Thread(
-            target=self._loop, args=(interval_s,), name="dbcluster-bench-stages", daemon=True
-        )
-
-    def dump(self) -> None:
-        with self._writing:  # the loop's and stop()'s writes share the temporary file
-            tmp = Path(self.path + ".tmp")
-            tmp.write_text(json.dumps({"at": time.time(), "marks": list(self.marks.marks)}))
-            tmp.replace(self.path)
-
-    def _loop(self, interval_s: float) -> None:
-        while not self._stop.wait(interval_s):
-            self.dump()
-
-    def start(self) -> WorkerRecording:
-        for point, handler in self.handlers:
-            points.install(point, handler)
-        self.dump()
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Stop recording: the handlers removed, the file written a last time."""
-        for point, handler in self.handlers:
-            points.remove(point, handler)
-        self._stop.set()
-        self._thread.join(5)
-        self.dump()
+def record_worker() -> Marks:
+    """In a worker process, for its life: record the worker's points, which its counts file
+    then carries (see the module doc)."""
+    marks = Marks()
+    for point, handler in marks.handlers.items():
+        points.install(point, handler)
+    counting.also_dump(SECTION, marks.snapshot)
+    return marks
 
 
-def record_worker(path: str, interval_s: float = 0.2) -> WorkerRecording:
-    """In a worker process: record the worker's points, rewriting ``path`` every
-    ``interval_s`` with what was recorded so far and when (``{"at": ..., "marks": [...]}``),
-    until the process exits."""
-    recording = WorkerRecording(path, interval_s).start()
-    atexit.register(recording.stop)
-    return recording
+def stop_worker(marks: Marks) -> None:
+    """Stop what :func:`record_worker` started."""
+    for point, handler in marks.handlers.items():
+        points.remove(point, handler)
+    counting.also_dump(SECTION, None)
 
 
 @contextmanager
@@ -128,24 +100,6 @@ def recording_master() -> Iterator[Marks]:
         yield marks
     finally:
         points.remove(CREATED, marks.created)
-
-
-def read_workers(folder: Path, after: float, timeout: float = 10) -> list[Sequence[Any]]:
-    """Every worker's marks in ``folder``, once each file was rewritten after ``after``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        found = []
-        fresh = True
-        for path in sorted(folder.glob(f"*{SUFFIX}")):
-            try:
-                data = json.loads(path.read_text())
-            except (OSError, ValueError):
-                data = {}
-            fresh = fresh and data.get("at", 0) > after
-            found.extend(tuple(m) for m in data.get("marks", ()))
-        if fresh or time.monotonic() >= deadline:
-            return found
-        time.sleep(0.05)
 
 
 def per_launch(
@@ -181,11 +135,11 @@ def per_launch(
                 if by == node and at <= claimed_at
             ]
             if sent:
-                marks["node.between_poll_and_claim"] = max(sent)
+                sent_at = marks["node.between_poll_and_claim"] = max(sent)
                 offered = [
                     at
                     for at, by in by_point.get(("node.offered", step_execution_id), ())
-                    if by == node and at <= max(sent)
+                    if by == node and at <= sent_at
                 ]
                 if offered:
                     marks["node.offered"] = min(offered)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dbcluster import points
-from dbcluster.bench import stages
+from dbcluster.bench import counting, stages
 
 
 def test_a_launch_takes_the_marks_of_the_node_whose_claim_won_it() -> None:
@@ -51,22 +51,28 @@ def test_the_master_records_its_commits_only_while_recording() -> None:
 
 
 def test_a_worker_records_claimed_partitions_by_their_ids(tmp_path: Path) -> None:
+    """Its counts file carries its marks (the claimed partitions by their ids), and no more once
+    it stops recording."""
+
     class Pending:
         step_execution_id = 42
 
     class Claimed:
         partition = Pending()
 
-    path = str(tmp_path / "worker-0.json") + stages.SUFFIX
-    recording = stages.WorkerRecording(path, interval_s=0.05).start()
+    path = tmp_path / "worker-0.json"
+    marks = stages.record_worker()
     try:
         points.reach("node.offered", node_id="n", partitions=[42])
         points.reach("node.claimed", node_id="n", partitions=[Claimed()])
-        found = stages.read_workers(tmp_path, after=recording.marks.marks[-1][1])
+        counting.dump(path)
     finally:
-        recording.stop()
+        stages.stop_worker(marks)
     assert not points._handlers
+    found = counting.read_file(path)[stages.SECTION]
     assert [(point, ids, node) for point, _, ids, node in found] == [
         ("node.offered", [42], "n"),
         ("node.claimed", [42], "n"),
     ]
+    counting.dump(path)
+    assert stages.SECTION not in counting.read_file(path)
