@@ -8,7 +8,7 @@ fence once the database answers.
 
 **A slot hands itself on.** Where the final write can claim in the same statement (see
 ``QueryProvider.fold_guard``), a partition that ends claims the next one its node knows is
-waiting (``next_partition``: what a wake-up or a poll named), and its thread runs that one next:
+waiting (``next_partitions``: what a wake-up or a poll named), and its thread runs that one next:
 one COMMIT ends a partition and starts the next, with no claim, poll or thread hand-off between.
 It is an ordinary claim (the partition was PENDING, it becomes CLAIMED and its step STARTED in
 that COMMIT), so every fence holds as for any other; a claim that wins nothing frees the slot
@@ -87,13 +87,14 @@ class Executor:
         capacity: int,
         stop_requests: StopRequests,
         on_free: Callable[[], None],
-        next_partition: Callable[[Identity], int | None] | None = None,
+        next_partitions: Callable[[Identity, int], list[int]] | None = None,
     ) -> None:
         if runtime.registry is None:
             raise ValueError("an executor of partitions needs a JobRegistry")
         self.context = context
-        #: A PENDING partition the node knows is waiting, for a final write to claim next.
-        self.next_partition = next_partition
+        #: Up to so many PENDING partitions the node knows are waiting (taken from what it
+        #: knows: each is named once), for a final write or a slot to claim next.
+        self.next_partitions = next_partitions
         self.store = context.store
         self.runtime = runtime
         self.repository = runtime.repository
@@ -241,7 +242,8 @@ class Executor:
                 if not alone:
                     for task in tasks:
                         self._forget(task)
-                    self.on_free()
+                    if not self.grouping.refill(tasks[0].identity):
+                        self.on_free()
                 for task in alone:
                     self._chain(task)
         finally:
@@ -323,11 +325,16 @@ class Executor:
         except Exception as exc:  # noqa: BLE001 - fenced or leaving: its master recovers it
             log.warning("could not read the partition claimed next: %s", exc)
 
+    def _next_partition(self, identity: Identity) -> int | None:
+        assert self.next_partitions is not None
+        taken = self.next_partitions(identity, 1)
+        return taken[0] if taken else None
+
     def _fence_for(self, task: Task, *, hand_on: bool = False) -> PartitionFence:
         p = task.partition
         next_partition = None
-        if hand_on and self.next_partition is not None:
-            next_partition = partial(self.next_partition, task.identity)
+        if hand_on and self.next_partitions is not None:
+            next_partition = partial(self._next_partition, task.identity)
         return PartitionFence(
             self.store,
             p.step_execution_id,

@@ -26,10 +26,12 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from dbcluster.batch.domain import StepExecution
+from dbcluster.batch.domain import StepExecution, utcnow
 from dbcluster.batch.fence import FencedError
 from dbcluster.batch.grouped import Ungrouped, commit_group, groupable
 from dbcluster.batch.transactions import UnclearCommitError
+from dbcluster.cluster.identity import Identity
+from dbcluster.cluster.store import NodeRemovedError
 from dbcluster.states import PARTITION_COMPLETED
 
 #: The executor (``cluster/executor.py``) and its tasks, typed loosely here: the executor
@@ -112,6 +114,36 @@ class Grouping:
             count = max(-(-len(members) // self.size), min(slots, len(members)))
             groups.extend(members[k::count] for k in range(count))
         return groups + alone
+
+    def refill(self, identity: Identity) -> bool:
+        """A slot whose group committed claims its next group itself, from the partitions its
+        node knows are waiting (a poll found them beyond what it claimed: the executor's
+        ``next_partitions``), with the poller's own claim; what it wins is submitted as any
+        claim's is. A node's slots then refill side by side, one claim each, where the one
+        poller served them one after another, each with a poll and a claim, and the slots
+        stood idle meanwhile. False where it claimed nothing (none known, the node stopping
+        or fenced, the claim failing): the slot is free and the poller takes over."""
+        ex = self.executor
+        size = self.claim_size()
+        if size < 2 or ex.next_partitions is None or ex.context.stopping:
+            return False
+        if identity.fenced.is_set():
+            return False
+        ids = ex.next_partitions(identity, size)
+        if not ids:
+            return False
+        try:
+            won = ex.store.claim(identity.node_id, ex.load, ids, utcnow())
+        except NodeRemovedError as exc:
+            ex.context.fence(identity, str(exc))
+            return False
+        except Exception as exc:  # noqa: BLE001 - the poller finds them again
+            log.debug("node %s: a slot's claim of its next group failed: %s", identity.node_id, exc)
+            return False
+        if not won:
+            return False
+        ex.submit(identity, won)
+        return True
 
     def run(self, tasks: list[Task]) -> list[Task]:
         """Run ``tasks`` (claimed, of one step) as one group. Returns those to run alone, each

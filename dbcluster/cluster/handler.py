@@ -194,7 +194,7 @@ class ClusterPartitionHandler:
                 self.offer(mastership.node_id, placed_on.get(mastership.node_id, []))
         with self.context.masters.mastering():
             try:
-                self._monitor(step, master, mastership)
+                self._monitor(step, master, mastership, placed_now=not placed_before)
             except FencedError:
                 raise
             except Exception as error:
@@ -210,14 +210,29 @@ class ClusterPartitionHandler:
 
     # --- monitoring ---------------------------------------------------------------------------
 
-    def _monitor(self, step: PartitionStep, master: StepExecution, mastership: Mastership) -> None:
+    def _monitor(
+        self,
+        step: PartitionStep,
+        master: StepExecution,
+        mastership: Mastership,
+        *,
+        placed_now: bool,
+    ) -> None:
+        """Watch the step's partitions until none is in flight. ``placed_now``: this master has
+        just placed them (on nodes it read as live), so nothing can have ended or been
+        orphaned yet: the first look waits ``FIRST_CHECK_MS`` and the first orphan check a
+        whole ``orphan_check_interval``, which keeps the master's statements out of the
+        window in which a worker claims and starts what was placed. A master that adopted
+        its partitions looks, and checks for orphans, at once."""
         store, settings = self.store, self.context.settings
-        last_orphan_check = 0.0
         no_node_since: float | None = None
         warned = False
         # A short step ends within milliseconds of its placement: look soon, then at doubling
         # intervals up to master_check_interval, sooner while partitions are ending.
         pace = CheckPace(FIRST_CHECK_MS, settings.master_check_interval)
+        last_orphan_check = time.monotonic() if placed_now else 0.0
+        if placed_now:
+            time.sleep(pace.first_ms / 1000)
         while True:
             points.reach("master.monitor", node_id=mastership.node_id)
             mastership.check()

@@ -91,7 +91,7 @@ class Worker(Service):
             capacity=capacity,
             stop_requests=stop_requests,
             on_free=self._slot_freed,
-            next_partition=self._next_partition,
+            next_partitions=self._next_partitions,
         )
         #: Whether every partition of the last claim that won any was transferable.
         self._transferable = False
@@ -142,13 +142,12 @@ class Worker(Service):
         self._hint(node_id, step_execution_ids)
         self.wake()
 
-    def _next_partition(self, identity: Identity) -> int | None:
-        """For a slot whose partition ends: one partition known to be waiting (offered, or
-        found by a poll beyond what it claimed), for its final write to claim next."""
+    def _next_partitions(self, identity: Identity, limit: int) -> list[int]:
+        """For a slot whose partition (or group) ends: up to ``limit`` partitions known to be
+        waiting (offered, or found by a poll beyond what it claimed), for it to claim next."""
         if self.context.usable_identity() is not identity:  # fenced, leaving, or silent too long
-            return None
-        taken = self._take_offers(identity.node_id, 1)
-        return taken[0] if taken else None
+            return []
+        return self._take_offers(identity.node_id, limit)
 
     def _hint(self, node_id: str, step_execution_ids: Sequence[int]) -> None:
         """Partitions a poll found beyond what it claimed: offers for the next claims (no
@@ -277,13 +276,13 @@ class Worker(Service):
         # the claim then reads back with them; so do polled ones of a job it does not know.
         with_jobs = offered
         if not offered:
-            # Up to a slot's worth more than it claims: the partitions ending meanwhile claim
-            # those next (see the executor's "A slot hands itself on").
+            # One more per slot than it claims (a group's worth per slot, where partitions are
+            # grouped): the partitions or groups ending meanwhile claim those next (see the
+            # executor's "A slot hands itself on" and Grouping.refill).
+            ahead = self.capacity * self.executor.grouping.claim_size()
             found = [
                 (step_execution_id, job_execution_id)
-                for step_execution_id, job_execution_id in self._poll(
-                    identity, free + self.capacity
-                )
+                for step_execution_id, job_execution_id in self._poll(identity, free + ahead)
                 if not self.executor.holds(step_execution_id)
             ]
             polled = [step_execution_id for step_execution_id, _ in found]

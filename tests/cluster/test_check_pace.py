@@ -1,8 +1,17 @@
-"""When a master looks at its partitions next (:class:`CheckPace`)."""
+"""When a master looks at its partitions next (:class:`CheckPace`), and when first."""
 
 from __future__ import annotations
 
-from dbcluster.cluster.handler import CheckPace
+import time
+from typing import Any
+
+import pytest
+
+from dbcluster.batch.status import BatchStatus
+from dbcluster.cluster.handler import FIRST_CHECK_MS, CheckPace, ClusterPartitionHandler
+from dbcluster.testing import points
+from dbcluster.testing.app import FAST_SETTINGS
+from dbcluster.testing.backends import Backend
 
 
 def test_doubles_from_the_first_look_while_nothing_ends() -> None:
@@ -35,3 +44,42 @@ def test_capped_at_the_check_interval() -> None:
     pace = CheckPace(5, 500)
     pace.next_ms(10_000, 0.0)
     assert pace.next_ms(9_990, 0.1) == 500
+
+
+def test_a_master_first_looks_at_what_it_just_placed_after_a_pause_and_checks_no_orphans(
+    backend: Backend, make_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Partitions a master has just placed, on nodes it read as live, can neither have ended nor
+    have been orphaned: its first look waits the first pause, and its first orphan check a whole
+    ``orphan_check_interval``, so no statement of the master's competes with the workers that
+    are claiming and starting them."""
+    settings = FAST_SETTINGS.with_overrides(orphan_check_interval=60_000)
+    master = make_cluster(settings, work=False)
+    make_cluster(settings)
+    created: list[float] = []
+    looks: list[float] = []
+    orphan_checks: list[int] = []
+    recover = ClusterPartitionHandler._recover_orphans
+
+    def counted(self: ClusterPartitionHandler, *args: Any, **kwargs: Any) -> Any:
+        orphan_checks.append(1)
+        return recover(self, *args, **kwargs)
+
+    def on_created(**_: Any) -> None:
+        created.append(time.monotonic())
+
+    def on_look(**_: Any) -> None:
+        looks.append(time.monotonic())
+
+    monkeypatch.setattr(ClusterPartitionHandler, "_recover_orphans", counted)
+    points.install("master.after_create_execution", on_created)
+    points.install("master.monitor", on_look)
+    try:
+        execution = master.launch("ledger", {"run": 1})
+    finally:
+        points.remove("master.after_create_execution", on_created)
+        points.remove("master.monitor", on_look)
+    assert execution.status is BatchStatus.COMPLETED, execution.exit_status
+    assert created and looks
+    assert looks[0] - created[0] >= FIRST_CHECK_MS / 1000
+    assert orphan_checks == []

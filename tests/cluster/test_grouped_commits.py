@@ -19,6 +19,7 @@ from dbcluster.batch.scope import ChunkContext
 from dbcluster.batch.status import BatchStatus
 from dbcluster.cluster import grouping
 from dbcluster.cluster.grouping import Grouping
+from dbcluster.cluster.store.claims import Claims
 from dbcluster.schema import partitions
 from dbcluster.states import PARTITION_CLAIMED, PARTITION_FAILED
 from dbcluster.testing import points
@@ -82,23 +83,29 @@ def _parked_group(**details: Any) -> bool:
     return len(details["step_executions"]) >= 2
 
 
+def _launch_grouped(backend: Backend, make_cluster: Any, registry: Any, run: int) -> list[int]:
+    """Launch ``grouped`` on a master and one worker; check it completed with each partition's
+    row written once; the sizes of the groups that reached their final write."""
+    master = make_cluster(SETTINGS, registry=registry, work=False)
+    make_cluster(SETTINGS, registry=registry)
+    sizes, handler = _group_sizes()
+    try:
+        execution = master.launch("grouped", {"run": run})
+    finally:
+        points.remove("group.before_final_write", handler)
+    assert execution.status is BatchStatus.COMPLETED, execution.exit_status
+    written = _written(backend, execution.id)
+    assert len(written) == COUNT and len({r.step_execution_id for r in written}) == COUNT
+    return sizes
+
+
 def test_short_partitions_of_a_transactional_step_commit_in_groups(
     backend: Backend, make_cluster: Any
 ) -> None:
     def body(ctx: ChunkContext) -> None:
         one_row_tasklet(ctx)
 
-    registry = _registry(body)
-    master = make_cluster(SETTINGS, registry=registry, work=False)
-    make_cluster(SETTINGS, registry=registry)
-    sizes, handler = _group_sizes()
-    try:
-        execution = master.launch("grouped", {"run": 1})
-    finally:
-        points.remove("group.before_final_write", handler)
-    assert execution.status is BatchStatus.COMPLETED, execution.exit_status
-    written = _written(backend, execution.id)
-    assert len(written) == COUNT and len({r.step_execution_id for r in written}) == COUNT
+    sizes = _launch_grouped(backend, make_cluster, _registry(body), 1)
     assert sizes and max(sizes) >= 2 and max(sizes) <= 4, sizes
 
 
@@ -121,17 +128,9 @@ def test_a_step_not_declared_transactional_is_never_grouped(
 def test_non_transferable_partitions_of_a_transactional_step_take_effect_once(
     backend: Backend, make_cluster: Any
 ) -> None:
-    registry = _registry(one_row_tasklet, transferable=False)
-    master = make_cluster(SETTINGS, registry=registry, work=False)
-    make_cluster(SETTINGS, registry=registry)
-    sizes, handler = _group_sizes()
-    try:
-        execution = master.launch("grouped", {"run": 3})
-    finally:
-        points.remove("group.before_final_write", handler)
-    assert execution.status is BatchStatus.COMPLETED
-    written = _written(backend, execution.id)
-    assert len(written) == COUNT and len({r.step_execution_id for r in written}) == COUNT
+    sizes = _launch_grouped(
+        backend, make_cluster, _registry(one_row_tasklet, transferable=False), 3
+    )
     assert sizes and max(sizes) >= 2
 
 
@@ -322,3 +321,25 @@ def test_the_grouping_needs_a_known_one_call_step_and_short_runs() -> None:
     assert not chooser.qualifies("grouped.worker")
     Executor.recent_run_ms = 5.0
     assert not Grouping(Executor(), 1).qualifies("grouped.worker")
+
+
+def test_a_slot_whose_group_committed_claims_its_next_group_itself(
+    backend: Backend, make_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The poll reads a group's worth more per slot than it claims; a slot whose group
+    committed claims the next group from those with a claim of its own (on its own thread),
+    instead of freeing up and waiting for the poller's next poll and claim. Every partition
+    still takes effect once."""
+    claimers: list[str] = []
+    claim = Claims.claim
+
+    def recorded(self: Claims, node_id: str, load: int, ids: Any, *args: Any, **kw: Any) -> Any:
+        if ids:
+            claimers.append(threading.current_thread().name)
+        return claim(self, node_id, load, ids, *args, **kw)
+
+    monkeypatch.setattr(Claims, "claim", recorded)
+    sizes = _launch_grouped(backend, make_cluster, _registry(one_row_tasklet), 8)
+    assert sizes and max(sizes) >= 2, sizes
+    # The poller's claims run on its thread ("dbcluster-poll"); a slot's on the executor's.
+    assert any(name.startswith("dbcluster-part") for name in claimers), claimers

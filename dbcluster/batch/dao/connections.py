@@ -104,10 +104,11 @@ def version_is(
     """Verifier of an unclear commit: the execution's row (``key`` = ``execution_id`` in
     ``table``) carries ``version``, read by a locking read (``locked``: see
     :attr:`Connections.locked`). A row at any other version than that or the one before was
-    written by someone else."""
-    read = locked(select(table.c.version).where(key == execution_id))
+    written by someone else. The read is built when an unclear commit is judged, not before
+    every transaction of every step."""
 
     def verify(conn: Connection) -> bool:
+        read = locked(select(table.c.version).where(key == execution_id))
         return judge_version(conn.execute(read).scalar_one_or_none(), version, what)
 
     return verify

@@ -88,15 +88,17 @@ class StepExecutionDao(Dao):
         version before were ended by someone else, who moved their partitions first); raises
         when a row is at neither version."""
         expected = {se.id: (version, se) for se, version in zip(executions, versions, strict=True)}
-        read = self.db.locked(
-            select(
-                STEP_EXECUTION.c.step_execution_id,
-                STEP_EXECUTION.c.version,
-                STEP_EXECUTION.c.status,
-            ).where(STEP_EXECUTION.c.step_execution_id.in_(list(expected)))
-        )
+        locked = self.db.locked
 
         def verify(conn: Connection) -> bool:
+            # Built here, when an unclear commit is judged: not before every group.
+            read = locked(
+                select(
+                    STEP_EXECUTION.c.step_execution_id,
+                    STEP_EXECUTION.c.version,
+                    STEP_EXECUTION.c.status,
+                ).where(STEP_EXECUTION.c.step_execution_id.in_(list(expected)))
+            )
             found = {int(r[0]): (r[1], r[2]) for r in conn.execute(read)}
             landed = []
             for step_id, (version, se) in expected.items():
