@@ -3,11 +3,11 @@ database can; each hook answers None here and its caller runs the portable state
 
 A provider overrides one where its database has the statement, and declares the capability flag
 its callers read (``supports_array_insert``, ``supports_multi_table_update``,
-``supports_writable_cte``): ``insert_from_arrays`` (many rows as one INSERT of array
-parameters), ``insert_with_children`` / ``insert_child_row`` (a row and its children in one
-statement), ``insert_unless_present`` (an INSERT that writes nothing where the key exists),
-``together`` (two INSERTs in one statement). The conformance suite compares each with the
-portable path. PostgreSQL's one-statement claim and final write are in
+``supports_writable_cte``): ``insert_from_arrays`` and ``update_from_arrays`` (many rows as one
+INSERT or UPDATE of array parameters), ``insert_with_children`` / ``insert_child_row`` (a row
+and its children in one statement), ``insert_unless_present`` (an INSERT that writes nothing
+where the key exists), ``together`` (two INSERTs in one statement). The conformance suite
+compares each with the portable path. PostgreSQL's one-statement claim and final write are in
 :mod:`dbcluster.dialects.postgresql_ctes`.
 """
 
@@ -100,6 +100,22 @@ class FastPathStatements(StatementFamily):
         return None if refused is None else refused.label("dbc_r")
 
     # --- inserts --------------------------------------------------------------------------------
+
+    def update_from_arrays(
+        self,
+        table: Table,
+        match: Sequence[str],
+        columns: Sequence[str],
+        values: Mapping[str, Any] | None = None,
+    ) -> Update | None:
+        """Where :attr:`supports_array_insert`: an UPDATE of many rows, each found by its
+        ``match`` columns and given its ``columns``, every one of those one array parameter
+        named ``a_<column>`` (the rows pass as a list per column, as for
+        :meth:`insert_from_arrays`), plus ``values``, SET expressions the same for every row
+        (which may refer to the row's own columns: ``version + 1``). Its row count is the rows
+        it changed. One statement for any number of rows; None: the caller runs an
+        executemany."""
+        return None
 
     def insert_from_arrays(
         self,

@@ -20,6 +20,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    Update,
     and_,
     bindparam,
     case,
@@ -33,6 +34,7 @@ from sqlalchemy import (
     select,
     table,
     type_coerce,
+    update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, aggregate_order_by
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -168,6 +170,27 @@ class PostgreSQLProvider(WritableCTEProvider):
         extra = dict(values or {})
         return insert(table).from_select(
             [*columns, *extra], select(*(rows.c[name] for name in columns), *extra.values())
+        )
+
+    def update_from_arrays(
+        self,
+        table: Table,
+        match: Sequence[str],
+        columns: Sequence[str],
+        values: Mapping[str, Any] | None = None,
+    ) -> Update | None:
+        """``UPDATE t SET x = dbc_rows.x, ... FROM unnest(%(a_k)s::T[], ...) AS dbc_rows(k, x,
+        ...) WHERE t.k = dbc_rows.k``."""
+        names = [*match, *(name for name in columns if name not in match)]
+        arrays = [
+            bindparam(f"a_{name}", type_=_Array(_array_element(table.c[name].type)))
+            for name in names
+        ]
+        rows = func.unnest(*arrays).table_valued(*names).render_derived(name="dbc_rows")
+        return (
+            update(table)
+            .where(*(table.c[name] == rows.c[name] for name in match))
+            .values({**{name: rows.c[name] for name in columns}, **dict(values or {})})
         )
 
     def read_url_options(self, url: URL) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy import Connection, func, select, update
 
-from dbcluster.batch.dao.combined import CombinedStatements
+from dbcluster.batch.dao.combined import CombinedStatements, array_rows
 from dbcluster.batch.dao.connections import (
     Connections,
     Dao,
@@ -31,6 +31,7 @@ from dbcluster.batch.dao.statements import (
     PARTITIONS_UNFINISHED,
     PARTITIONS_UNFINISHED_BETWEEN,
     RUNNING,
+    STATE_COLUMNS,
     STEP_CONTEXT,
     STEP_EXECUTION,
     UPDATE_STEP,
@@ -48,6 +49,20 @@ from dbcluster.batch.exceptions import OptimisticLockingFailureError
 from dbcluster.batch.fence import FoldedGuard
 from dbcluster.batch.status import BatchStatus
 from dbcluster.inlists import in_batches
+
+#: A group's step executions' final writes as arrays (see ``combined.bulk_updates``): each
+#: column's parameter in ``UPDATE_STEP``'s rows.
+_STEP_ARRAYS = {
+    "step_execution_id": "b_id",
+    "version": "b_version",
+    **{name: f"b_{name}" for name in (*STATE_COLUMNS, *COUNTER_NAMES)},
+}
+#: Their contexts' (``UPDATE_STEP_CONTEXT``'s rows).
+_CONTEXT_ARRAYS = {
+    "step_execution_id": "b_id",
+    "short_context": "b_short_context",
+    "serialized_context": "b_serialized_context",
+}
 
 
 class StepExecutionDao(Dao):
@@ -128,12 +143,24 @@ class StepExecutionDao(Dao):
                 text = execution.execution_context.to_json()
                 contexts.append(context_values(execution.id, text))
             texts.append(text)
-        if contexts and self._changed(conn, UPDATE_STEP_CONTEXT, contexts) != len(contexts):
-            raise OptimisticLockingFailureError(
-                f"the context of a step execution among {[se.id for se in executions]} no "
-                f"longer exists; this group's update was refused"
+        bulk = self.combined.bulk_updates if len(steps) > 1 else None
+        if contexts:
+            changed = (
+                self._changed(conn, UPDATE_STEP_CONTEXT, contexts)
+                if bulk is None or len(contexts) < 2
+                else conn.execute(bulk[1], array_rows(contexts, _CONTEXT_ARRAYS)).rowcount
             )
-        if self._changed(conn, UPDATE_STEP, steps) != len(steps):
+            if changed != len(contexts):
+                raise OptimisticLockingFailureError(
+                    f"the context of a step execution among {[se.id for se in executions]} no "
+                    f"longer exists; this group's update was refused"
+                )
+        if bulk is not None:
+            arrays = array_rows(steps, _STEP_ARRAYS)
+            changed = conn.execute(bulk[0], {**arrays, "b_last_updated": now}).rowcount
+        else:
+            changed = self._changed(conn, UPDATE_STEP, steps)
+        if changed != len(steps):
             raise OptimisticLockingFailureError(
                 f"a step execution among {[se.id for se in executions]} was updated by someone "
                 f"else; this group's update was refused"

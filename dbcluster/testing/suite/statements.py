@@ -305,6 +305,14 @@ CALLS: dict[str, Callable[[QueryProvider], list[Any]]] = {
     "insert_from_arrays": lambda p: [
         p.insert_from_arrays(partitions, ["step_execution_id", "partition_name"])
     ],
+    "update_from_arrays": lambda p: [
+        p.update_from_arrays(
+            _se,
+            ["step_execution_id", "version"],
+            ["status", "end_time"],
+            {"version": _se.c.version + 1},
+        )
+    ],
     "aggregate_parameters": lambda p: [
         None if found is None else select(*found).select_from(params)
         for params in [schema.job_execution_params.alias("jp")]

@@ -18,7 +18,7 @@ from dbcluster.schema import nodes
 from dbcluster.states import NODE_ACTIVE, NODE_UNREACHABLE
 
 # The guarded transitions are written in claims.py and collected here, with the rest.
-from dbcluster.testing.suite import claims
+from dbcluster.testing.suite import claims, writes
 from dbcluster.testing.suite.claims import *  # noqa: F403
 from dbcluster.testing.suite.provider_helpers import (
     _naive,
@@ -29,6 +29,7 @@ from dbcluster.testing.suite.provider_helpers import (
     _register,
     _rowcount,
 )
+from dbcluster.testing.suite.writes import *  # noqa: F403
 
 __all__ = [
     "test_clock_is_utc_with_millisecond_precision",
@@ -41,6 +42,7 @@ __all__ = [
     "test_ddl_covers_every_table_and_init_is_idempotent",
     "test_transient_classifier_calls_permanent_errors_permanent",
     *claims.__all__,
+    *writes.__all__,
 ]
 
 
