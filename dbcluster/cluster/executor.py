@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -142,7 +142,20 @@ class Executor:
     def submit(self, identity: Identity, claimed: list[ClaimedPartition]) -> None:
         """Run partitions a claim won (their step executions are already STARTED): alone, or
         several in one transaction (see :mod:`dbcluster.cluster.grouping`)."""
-        tasks = [self._held(identity, won) for won in claimed]
+        if len(claimed) > 1:
+            # One line for the claim (a line per partition cost a grouped drain's worker more
+            # than any statement of the framework's); each partition is named in it.
+            log.info(
+                "node %s claimed %d partitions: %s",
+                identity.node_id,
+                len(claimed),
+                ", ".join(
+                    f"{won.partition.partition_name} ({won.partition.step_execution_id}, "
+                    f"attempt {won.partition.attempt})"
+                    for won in claimed
+                ),
+            )
+        tasks = [self._held(identity, won, announce=len(claimed) == 1) for won in claimed]
         for batch in self.grouping.batches(tasks, self.free_slots()):
             with self._lock:
                 self._busy += 1
@@ -156,18 +169,26 @@ class Executor:
                     self._busy -= 1
                 raise
 
-    def _held(self, identity: Identity, won: ClaimedPartition, after: str | None = None) -> Task:
+    def _held(
+        self,
+        identity: Identity,
+        won: ClaimedPartition,
+        after: str | None = None,
+        *,
+        announce: bool = True,
+    ) -> Task:
         """A partition a claim won (the final write of partition ``after``, when it was that),
-        announced and counted as held."""
+        counted as held, and announced (``announce``: in a line of its own)."""
         p = won.partition
-        log.info(
-            "node %s claimed partition %s (%s, attempt %d)%s",
-            identity.node_id,
-            p.partition_name,
-            p.step_execution_id,
-            p.attempt,
-            "" if after is None else f" as {after} ended",
-        )
+        if announce:
+            log.info(
+                "node %s claimed partition %s (%s, attempt %d)%s",
+                identity.node_id,
+                p.partition_name,
+                p.step_execution_id,
+                p.attempt,
+                "" if after is None else f" as {after} ended",
+            )
         self.context.events.claimed(
             identity.node_id, p.partition_name, p.step_execution_id, p.attempt
         )
@@ -413,6 +434,22 @@ class Executor:
             return
         assert isinstance(se.fence, PartitionFence)
         self._recorded(task, se.fence.outcome)
+
+    def _recorded_group(self, tasks: Sequence[Task]) -> None:
+        """A group's partitions recorded COMPLETED by its one transaction: one line names them
+        all; an event for each."""
+        node_id = tasks[0].identity.node_id
+        log.info(
+            "node %s completed %d partitions in one transaction: %s",
+            node_id,
+            len(tasks),
+            ", ".join(
+                f"{t.partition.partition_name} ({t.partition.step_execution_id})" for t in tasks
+            ),
+        )
+        events = self.context.events
+        for t in tasks:
+            events.completed(node_id, t.partition.partition_name, t.partition.step_execution_id)
 
     def _recorded(self, task: Task, outcome: str | None) -> None:
         p, node_id = task.partition, task.identity.node_id

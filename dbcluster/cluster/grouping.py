@@ -224,5 +224,5 @@ class Grouping:
             assert task.fence is not None
             task.fence.outcome = PARTITION_COMPLETED
             ex._ran_for(each_s)
-            ex._recorded(task, PARTITION_COMPLETED)
+        ex._recorded_group(tasks)
         return True
