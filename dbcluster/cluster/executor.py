@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -32,14 +32,14 @@ from dbcluster.batch.fence import FencedError
 from dbcluster.batch.status import BatchStatus, ExitStatus
 from dbcluster.batch.step import commit_step
 from dbcluster.batch.transactions import UnclearCommitError
+from dbcluster.cluster.announce import Announcer
 from dbcluster.cluster.claimed import ClaimedExecutions
-from dbcluster.cluster.fencing import RELEASED, RETRIED, PartitionFence
+from dbcluster.cluster.fencing import PartitionFence
 from dbcluster.cluster.grouping import Grouping
 from dbcluster.cluster.identity import Identity
 from dbcluster.cluster.patience import is_passing
 from dbcluster.cluster.store import ClaimedPartition, PendingPartition
 from dbcluster.retry import Retry, brief, warn_once
-from dbcluster.states import PARTITION_COMPLETED
 
 if TYPE_CHECKING:
     from dbcluster.batch.registry import JobRegistry
@@ -88,6 +88,7 @@ class Executor:
         stop_requests: StopRequests,
         on_free: Callable[[], None],
         next_partitions: Callable[[Identity, int], list[int]] | None = None,
+        on_claim: Callable[[list[ClaimedPartition]], None] | None = None,
     ) -> None:
         if runtime.registry is None:
             raise ValueError("an executor of partitions needs a JobRegistry")
@@ -102,6 +103,9 @@ class Executor:
         self.capacity = capacity
         self.stop_requests = stop_requests
         self.on_free = on_free
+        #: Told of every claim's partitions, whoever claimed them (the poller, a slot).
+        self.on_claim = on_claim
+        self.announce = Announcer(context.events)
         self._lock = threading.RLock()
         self._tasks: dict[int, Task] = {}
         #: What claims won, as the batch model's objects (their jobs read once per node).
@@ -142,20 +146,7 @@ class Executor:
     def submit(self, identity: Identity, claimed: list[ClaimedPartition]) -> None:
         """Run partitions a claim won (their step executions are already STARTED): alone, or
         several in one transaction (see :mod:`dbcluster.cluster.grouping`)."""
-        if len(claimed) > 1:
-            # One line for the claim (a line per partition cost a grouped drain's worker more
-            # than any statement of the framework's); each partition is named in it.
-            log.info(
-                "node %s claimed %d partitions: %s",
-                identity.node_id,
-                len(claimed),
-                ", ".join(
-                    f"{won.partition.partition_name} ({won.partition.step_execution_id}, "
-                    f"attempt {won.partition.attempt})"
-                    for won in claimed
-                ),
-            )
-        tasks = [self._held(identity, won, announce=len(claimed) == 1) for won in claimed]
+        tasks = self.take(identity, claimed)
         for batch in self.grouping.batches(tasks, self.free_slots()):
             with self._lock:
                 self._busy += 1
@@ -169,34 +160,62 @@ class Executor:
                     self._busy -= 1
                 raise
 
-    def _held(
-        self,
-        identity: Identity,
-        won: ClaimedPartition,
-        after: str | None = None,
-        *,
-        announce: bool = True,
-    ) -> Task:
-        """A partition a claim won (the final write of partition ``after``, when it was that),
-        counted as held, and announced (``announce``: in a line of its own)."""
-        p = won.partition
-        if announce:
-            log.info(
-                "node %s claimed partition %s (%s, attempt %d)%s",
-                identity.node_id,
-                p.partition_name,
-                p.step_execution_id,
-                p.attempt,
-                "" if after is None else f" as {after} ended",
-            )
-        self.context.events.claimed(
-            identity.node_id, p.partition_name, p.step_execution_id, p.attempt
-        )
-        task = Task(p, identity)
-        task.preloaded = self.claimed.step_execution(won)
+    def take(
+        self, identity: Identity, claimed: list[ClaimedPartition], after: str | None = None
+    ) -> list[Task]:
+        """Partitions a claim won (the final write of partition ``after``, when it was that),
+        announced and held; one this node holds already (a claim read back after an error
+        may find what another claim of its own won meanwhile) is not held twice."""
         with self._lock:
-            self._tasks[p.step_execution_id] = task
-        return task
+            claimed = [w for w in claimed if w.partition.step_execution_id not in self._tasks]
+        if not claimed:
+            return []
+        self.announce.claimed(identity.node_id, claimed, after)
+        if self.on_claim is not None:
+            self.on_claim(claimed)
+        tasks = []
+        for won in claimed:
+            task = Task(won.partition, identity)
+            task.preloaded = self.claimed.step_execution(won)
+            tasks.append(task)
+        with self._lock:
+            for task in tasks:
+                self._tasks[task.partition.step_execution_id] = task
+        return tasks
+
+    def _until_read(self, identity: Identity) -> Retry:
+        """Tries of a read that must be made (what a landed claim won): every heartbeat
+        interval while the database does not answer, until ``identity`` is fenced or the node
+        leaves."""
+        return Retry.every(
+            self.context.settings.heartbeat_interval / 1000,
+            lambda exc: not isinstance(exc, FencedError),
+            give_up=lambda: identity.fenced.is_set() or self.context.stopping,
+            on_retry=warn_once(log),
+        )
+
+    def read_back_claim(self, identity: Identity, ids: list[int]) -> list[ClaimedPartition]:
+        """After a claim of ``ids`` failed (past its retries, or with an unclear commit it
+        could not judge): those of them this node holds CLAIMED, read once the database answers
+        (every heartbeat interval) until the node is fenced or leaves, and not held yet. A
+        claim that landed and was never read back would leave its partitions CLAIMED on a live
+        node that does not run them: their masters recover only the partitions of nodes that
+        are gone, so the job would hang."""
+        reading = self._until_read(identity)
+        try:
+            won = reading.call(
+                lambda: self.store.claimed_by(identity.node_id, ids), "read back a failed claim"
+            )
+        except Exception as exc:  # noqa: BLE001 - fenced or leaving: its master recovers them
+            log.warning("node %s could not read back a failed claim: %s", identity.node_id, exc)
+            return []
+        if won:
+            log.warning(
+                "node %s: a claim that failed had landed; it runs the %d partition(s) it won",
+                identity.node_id,
+                len(won),
+            )
+        return won
 
     # --- running a partition --------------------------------------------------------------------
 
@@ -259,14 +278,24 @@ class Executor:
         (see :mod:`dbcluster.cluster.grouping`), else each alone, one after another."""
         try:
             with self.repository.transactions.holding():
-                alone = self.grouping.run(tasks)
-                if not alone:
+                while tasks:
+                    alone = self.grouping.run(tasks)
+                    for task in alone:
+                        self._chain(task)
+                    if alone:
+                        return
+                    identity = tasks[0].identity
                     for task in tasks:
                         self._forget(task)
-                    if not self.grouping.refill(tasks[0].identity):
+                    # The slot's next group, claimed by the slot and run on it (see
+                    # Grouping.refill); none: it is free, and the poller takes over.
+                    tasks = self.take(identity, self.grouping.refill(identity))
+                    if not tasks:
                         self.on_free()
-                for task in alone:
-                    self._chain(task)
+                    elif not self.grouping.together(tasks):
+                        for task in tasks:
+                            self._chain(task)
+                        return
         finally:
             with self._lock:
                 self._busy -= 1
@@ -322,7 +351,8 @@ class Executor:
             won = self.store.claimed_next(fence.next_claim)
             if won is None:
                 return None
-            return self._held(task.identity, won, task.partition.partition_name)
+            taken = self.take(task.identity, [won], task.partition.partition_name)
+            return taken[0] if taken else None
         except Exception:  # noqa: BLE001 - a bug: the claim stands, so it runs as any other
             log.exception(
                 "node %s could not take the partition it claimed next", task.identity.node_id
@@ -335,12 +365,7 @@ class Executor:
         does not answer, until the node is fenced or leaves: a partition claimed by a landed
         write and never read back would stay CLAIMED on a live node."""
         identity = task.identity
-        reading = Retry.every(
-            self.context.settings.heartbeat_interval / 1000,
-            lambda exc: not isinstance(exc, FencedError),
-            give_up=lambda: identity.fenced.is_set() or self.context.stopping,
-            on_retry=warn_once(log),
-        )
+        reading = self._until_read(identity)
         try:
             reading.call(lambda: self._adopt_following(task), "read the partition claimed next")
         except Exception as exc:  # noqa: BLE001 - fenced or leaving: its master recovers it
@@ -435,64 +460,11 @@ class Executor:
         assert isinstance(se.fence, PartitionFence)
         self._recorded(task, se.fence.outcome)
 
-    def _recorded_group(self, tasks: Sequence[Task]) -> None:
-        """A group's partitions recorded COMPLETED by its one transaction: one line names them
-        all; an event for each."""
-        node_id = tasks[0].identity.node_id
-        log.info(
-            "node %s completed %d partitions in one transaction: %s",
-            node_id,
-            len(tasks),
-            ", ".join(
-                f"{t.partition.partition_name} ({t.partition.step_execution_id})" for t in tasks
-            ),
-        )
-        events = self.context.events
-        for t in tasks:
-            events.completed(node_id, t.partition.partition_name, t.partition.step_execution_id)
-
     def _recorded(self, task: Task, outcome: str | None) -> None:
-        p, node_id = task.partition, task.identity.node_id
-        events = self.context.events
-        if outcome == RELEASED:
-            log.info("node %s handed back stopped partition %s", node_id, p.partition_name)
-            events.released(node_id, p.partition_name, p.step_execution_id)
-        elif outcome == RETRIED:
-            log.warning(
-                "node %s: partition %s (%s) failed on attempt %d of %d; it will be tried again",
-                node_id,
-                p.partition_name,
-                p.step_execution_id,
-                p.attempt,
-                p.max_attempts,
-            )
-            events.retried(node_id, p.partition_name, p.step_execution_id, p.attempt)
-        elif outcome == PARTITION_COMPLETED:
-            log.info(
-                "node %s completed partition %s (%s)",
-                node_id,
-                p.partition_name,
-                p.step_execution_id,
-            )
-            events.completed(node_id, p.partition_name, p.step_execution_id)
-        else:
-            log.info(
-                "node %s failed partition %s (%s)", node_id, p.partition_name, p.step_execution_id
-            )
-            events.failed(node_id, p.partition_name, p.step_execution_id)
+        self.announce.recorded(task.identity.node_id, task.partition, outcome)
 
     def _lost(self, task: Task, reason: str) -> None:
-        p = task.partition
-        log.warning(
-            "node %s lost partition %s (%s) while running it: %s",
-            task.identity.node_id,
-            p.partition_name,
-            p.step_execution_id,
-            reason,
-        )
-        self.context.events.lost(
-            task.identity.node_id, p.partition_name, p.step_execution_id, reason
-        )
+        self.announce.lost(task.identity.node_id, task.partition, reason)
 
     def _fail_after_error(self, task: Task, error: BaseException) -> None:
         """The step could not record its outcome (its final transaction failed beyond the retry

@@ -20,6 +20,7 @@ retries, stop requests and takeovers hold unchanged.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -31,7 +32,7 @@ from dbcluster.batch.fence import FencedError
 from dbcluster.batch.grouped import Ungrouped, commit_group, groupable
 from dbcluster.batch.transactions import UnclearCommitError
 from dbcluster.cluster.identity import Identity
-from dbcluster.cluster.store import NodeRemovedError
+from dbcluster.cluster.store import ClaimedPartition, NodeRemovedError
 from dbcluster.states import PARTITION_COMPLETED
 
 #: The executor (``cluster/executor.py``) and its tasks, typed loosely here: the executor
@@ -45,6 +46,8 @@ log = logging.getLogger("dbcluster.node")
 #: (milliseconds): a group's transaction lasts as long as its partitions together, and holds
 #: their rows' locks that long.
 GROUP_BELOW_MS = 250
+#: How many of a node's slots may claim their next group at once (see :meth:`Grouping.refill`).
+SLOT_CLAIMS = 2
 
 
 class Grouping:
@@ -60,6 +63,8 @@ class Grouping:
         self._one_call: dict[str, bool] = {}
         #: Whether every partition of the last claim qualified for a group.
         self._last_claim = False
+        #: Slots claiming their next group now (see :meth:`refill`).
+        self._slot_claims = threading.BoundedSemaphore(SLOT_CLAIMS)
 
     def qualifies(self, worker_step_name: str) -> bool:
         """Whether partitions of this step may run in a group now: the step is groupable, its
@@ -80,6 +85,12 @@ class Grouping:
                 found = False
             self._groupable[name] = found
         return found
+
+    def together(self, tasks: Sequence[Task]) -> bool:
+        """Whether ``tasks`` (more than one) may run as one group now: all of one step that
+        qualifies."""
+        names = {task.partition.worker_step_name for task in tasks}
+        return len(tasks) > 1 and len(names) == 1 and self.qualifies(names.pop())
 
     def claim_size(self) -> int:
         """How many partitions the next claim may take per free slot."""
@@ -115,35 +126,38 @@ class Grouping:
             groups.extend(members[k::count] for k in range(count))
         return groups + alone
 
-    def refill(self, identity: Identity) -> bool:
-        """A slot whose group committed claims its next group itself, from the partitions its
-        node knows are waiting (a poll found them beyond what it claimed: the executor's
-        ``next_partitions``), with the poller's own claim; what it wins is submitted as any
-        claim's is. A node's slots then refill side by side, one claim each, where the one
-        poller served them one after another, each with a poll and a claim, and the slots
-        stood idle meanwhile. False where it claimed nothing (none known, the node stopping
-        or fenced, the claim failing): the slot is free and the poller takes over."""
+    def refill(self, identity: Identity) -> list[ClaimedPartition]:
+        """The next group of a slot whose group committed, claimed by the slot itself from the
+        partitions its node knows are waiting (a poll found them beyond what it claimed: the
+        executor's ``next_partitions``) with the poller's own claim, for the slot to run next.
+        A node's slots then refill side by side, where the one poller served them one after
+        another, each with a poll and a claim, and the slots stood idle meanwhile. At most
+        ``SLOT_CLAIMS`` slots claim at once (the claims take the node's own row one after
+        another anyway, and share the autocommit pool with the heartbeat). Nothing (the slot
+        is free, and the poller takes over) where none is known, the node stops or is fenced,
+        or the claim won none. A claim that fails is read back once the database answers
+        (:meth:`Executor.read_back_claim`): one whose commit landed would otherwise leave its
+        partitions CLAIMED on a live node that does not run them."""
         ex = self.executor
         size = self.claim_size()
         if size < 2 or ex.next_partitions is None or ex.context.stopping:
-            return False
+            return []
         if identity.fenced.is_set():
-            return False
-        ids = ex.next_partitions(identity, size)
-        if not ids:
-            return False
-        try:
-            won = ex.store.claim(identity.node_id, ex.load, ids, utcnow())
-        except NodeRemovedError as exc:
-            ex.context.fence(identity, str(exc))
-            return False
-        except Exception as exc:  # noqa: BLE001 - the poller finds them again
-            log.debug("node %s: a slot's claim of its next group failed: %s", identity.node_id, exc)
-            return False
-        if not won:
-            return False
-        ex.submit(identity, won)
-        return True
+            return []
+        with self._slot_claims:
+            ids = ex.next_partitions(identity, size)
+            if not ids:
+                return []
+            try:
+                return ex.store.claim(identity.node_id, ex.load, ids, utcnow())  # type: ignore[no-any-return]
+            except NodeRemovedError as exc:
+                ex.context.fence(identity, str(exc))
+                return []
+            except Exception as exc:  # noqa: BLE001 - what it won, if anything, is read back
+                log.warning(
+                    "node %s: a slot's claim of its next group failed: %s", identity.node_id, exc
+                )
+        return ex.read_back_claim(identity, ids)  # type: ignore[no-any-return]
 
     def run(self, tasks: list[Task]) -> list[Task]:
         """Run ``tasks`` (claimed, of one step) as one group. Returns those to run alone, each
@@ -224,5 +238,5 @@ class Grouping:
             assert task.fence is not None
             task.fence.outcome = PARTITION_COMPLETED
             ex._ran_for(each_s)
-        ex._recorded_group(tasks)
+        ex.announce.group_completed(identity.node_id, [task.partition for task in tasks])
         return True

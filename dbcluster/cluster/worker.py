@@ -20,7 +20,7 @@ from dbcluster.cluster.executor import Executor
 from dbcluster.cluster.identity import Identity
 from dbcluster.cluster.patience import is_passing
 from dbcluster.cluster.service import Service
-from dbcluster.cluster.store import NodeRemovedError
+from dbcluster.cluster.store import ClaimedPartition, NodeRemovedError
 
 if TYPE_CHECKING:
     from dbcluster.batch.runtime import BatchRuntime
@@ -92,6 +92,7 @@ class Worker(Service):
             stop_requests=stop_requests,
             on_free=self._slot_freed,
             next_partitions=self._next_partitions,
+            on_claim=self._claimed,
         )
         #: Whether every partition of the last claim that won any was transferable.
         self._transferable = False
@@ -141,6 +142,11 @@ class Worker(Service):
         the poller either way."""
         self._hint(node_id, step_execution_ids)
         self.wake()
+
+    def _claimed(self, won: list[ClaimedPartition]) -> None:
+        """A claim (the poller's, a slot's) won these: claiming ahead stops after one that won
+        a non-transferable partition."""
+        self._transferable = all(claimed.partition.transferable for claimed in won)
 
     def _next_partitions(self, identity: Identity, limit: int) -> list[int]:
         """For a slot whose partition (or group) ends: up to ``limit`` partitions known to be
@@ -310,10 +316,13 @@ class Worker(Service):
         except NodeRemovedError as exc:
             self.context.fence(identity, str(exc))
             return True
+        except Exception:
+            # Its commit may have landed (its acknowledgement lost, the retries spent): what
+            # it won runs, or it would stay CLAIMED here with no one to run it.
+            self.executor.submit(identity, self.executor.read_back_claim(identity, polled))
+            raise
         self._withdrawals = 0
         points.reach("node.claimed", node_id=identity.node_id, partitions=won)
-        if won:
-            self._transferable = all(claimed.partition.transferable for claimed in won)
         if offered and len(won) < len(polled):
             self.wake()  # some offers were taken or moved meanwhile: poll for what else waits
         self.executor.submit(identity, won)

@@ -5,6 +5,7 @@ partitions the job ends instead of waiting for ever."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
@@ -207,3 +208,48 @@ def test_a_withdrawn_node_keeps_no_capacity_after_a_failed_write_or_a_rejoin(
     )
     assert _capacity(backend, broken) == 0, "it rejoined with capacity while withdrawn"
     assert healthy.launch("ledger", {"run": 5}).status is BatchStatus.COMPLETED
+
+
+def _landing_then_failing(cluster: Cluster, times: int, thread_prefix: str = "") -> dict[str, Any]:
+    """The first ``times`` claims of partitions by this node (on threads whose names start with
+    ``thread_prefix``) commit and then raise, as a claim whose acknowledgement was lost and
+    whose retries were spent does."""
+    store = cluster.node.store
+    real = store.claim
+    state: dict[str, Any] = {"left": times, "landed": []}
+
+    def claim(node_id: str, load: int, ids: Any, *args: Any, **kwargs: Any) -> Any:
+        won = real(node_id, load, ids, *args, **kwargs)
+        if (
+            ids
+            and won
+            and state["left"]
+            and threading.current_thread().name.startswith(thread_prefix)
+        ):
+            state["left"] -= 1
+            state["landed"].extend(w.partition.step_execution_id for w in won)
+            raise OperationalError("COMMIT", {}, Exception("server closed the connection"))
+        return won
+
+    store.claim = claim  # type: ignore[method-assign]
+    return state
+
+
+def test_a_claim_that_landed_but_failed_runs_what_it_won(backend: Backend, make_cluster) -> None:
+    """A claim whose commit landed though the claim raised (its acknowledgement lost, its
+    retries spent) is read back once the database answers, and what it won runs: left alone,
+    those partitions would stay CLAIMED on a live node (their master recovers only the
+    partitions of nodes that are gone) and the job would never end."""
+    master = make_cluster(HELD, work=False)
+    worker = make_cluster(HELD)
+    state = _landing_then_failing(worker, 2)
+    run = in_thread(lambda: master.launch("ledger", {"run": 4}))
+    run["thread"].join(timeout=30)
+    assert not run["thread"].is_alive(), "partitions claimed by a failed claim never ran"
+    assert state["landed"], "no claim landed and failed"
+    assert run["result"].status is BatchStatus.COMPLETED, run["result"].exit_status
+    with backend.engine.connect() as conn:
+        ran = conn.execute(
+            select(ledger.c.step_execution_id).where(ledger.c.job_execution_id == run["result"].id)
+        ).all()
+    assert len(ran) == len({r.step_execution_id for r in ran}) == 4

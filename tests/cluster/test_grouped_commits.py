@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import select, update
+from sqlalchemy.exc import OperationalError
 
 from dbcluster.batch import Job, PartitionStep, TaskletStep
 from dbcluster.batch.scope import ChunkContext
@@ -343,3 +344,29 @@ def test_a_slot_whose_group_committed_claims_its_next_group_itself(
     assert sizes and max(sizes) >= 2, sizes
     # The poller's claims run on its thread ("dbcluster-poll"); a slot's on the executor's.
     assert any(name.startswith("dbcluster-part") for name in claimers), claimers
+
+
+def test_a_slots_claim_that_landed_but_failed_runs_what_it_won(
+    backend: Backend, make_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A slot's claim of its next group whose commit landed though the claim raised is read
+    back, and what it won runs (else the job would hang on partitions CLAIMED by a live
+    node that does not run them)."""
+    landed: list[int] = []
+    claim = Claims.claim
+
+    def landing_then_failing(
+        self: Claims, node_id: str, load: int, ids: Any, *args: Any, **kw: Any
+    ) -> Any:
+        won = claim(self, node_id, load, ids, *args, **kw)
+        if won and len(landed) < 8 and threading.current_thread().name.startswith("dbcluster-part"):
+            landed.extend(w.partition.step_execution_id for w in won)
+            raise OperationalError("COMMIT", {}, Exception("server closed the connection"))
+        return won
+
+    monkeypatch.setattr(Claims, "claim", landing_then_failing)
+    run = in_thread(lambda: _launch_grouped(backend, make_cluster, _registry(one_row_tasklet), 9))
+    run["thread"].join(timeout=60)
+    assert not run["thread"].is_alive(), "partitions a failed slot claim won never ran"
+    assert "error" not in run, run.get("error")
+    assert landed, "no slot's claim landed and failed"

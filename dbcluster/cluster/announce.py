@@ -1,0 +1,108 @@
+"""What a worker node tells its log and its events about the partitions it claims and ends:
+one INFO line per claim (naming every partition it won) and per outcome (a group's members in
+one line), one event per partition."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from dbcluster.cluster.fencing import RELEASED, RETRIED
+from dbcluster.states import PARTITION_COMPLETED
+
+if TYPE_CHECKING:
+    from dbcluster.cluster.events import ClusterEvents
+    from dbcluster.cluster.store import ClaimedPartition, PendingPartition
+
+log = logging.getLogger("dbcluster.node")
+
+
+class Announcer:
+    """Announces a node's claims and outcomes on ``events`` and in the ``dbcluster.node`` log."""
+
+    def __init__(self, events: ClusterEvents) -> None:
+        self.events = events
+
+    def claimed(
+        self, node_id: str, claimed: Sequence[ClaimedPartition], after: str | None = None
+    ) -> None:
+        """What a claim won (the final write of partition ``after``, when it was that): one
+        line for all of them (a line per partition cost a grouped drain's worker more than any
+        statement of the framework's), one event each."""
+        if len(claimed) == 1:
+            p = claimed[0].partition
+            log.info(
+                "node %s claimed partition %s (%s, attempt %d)%s",
+                node_id,
+                p.partition_name,
+                p.step_execution_id,
+                p.attempt,
+                "" if after is None else f" as {after} ended",
+            )
+        elif claimed:
+            log.info(
+                "node %s claimed %d partitions: %s",
+                node_id,
+                len(claimed),
+                ", ".join(
+                    f"{w.partition.partition_name} ({w.partition.step_execution_id}, "
+                    f"attempt {w.partition.attempt})"
+                    for w in claimed
+                ),
+            )
+        for won in claimed:
+            p = won.partition
+            self.events.claimed(node_id, p.partition_name, p.step_execution_id, p.attempt)
+
+    def group_completed(self, node_id: str, partitions: Sequence[PendingPartition]) -> None:
+        """A group's partitions, recorded COMPLETED by its one transaction."""
+        log.info(
+            "node %s completed %d partitions in one transaction: %s",
+            node_id,
+            len(partitions),
+            ", ".join(f"{p.partition_name} ({p.step_execution_id})" for p in partitions),
+        )
+        for p in partitions:
+            self.events.completed(node_id, p.partition_name, p.step_execution_id)
+
+    def recorded(self, node_id: str, p: PendingPartition, outcome: str | None) -> None:
+        """A partition's outcome, recorded by its final write (None: it failed)."""
+        events = self.events
+        if outcome == RELEASED:
+            log.info("node %s handed back stopped partition %s", node_id, p.partition_name)
+            events.released(node_id, p.partition_name, p.step_execution_id)
+        elif outcome == RETRIED:
+            log.warning(
+                "node %s: partition %s (%s) failed on attempt %d of %d; it will be tried again",
+                node_id,
+                p.partition_name,
+                p.step_execution_id,
+                p.attempt,
+                p.max_attempts,
+            )
+            events.retried(node_id, p.partition_name, p.step_execution_id, p.attempt)
+        elif outcome == PARTITION_COMPLETED:
+            log.info(
+                "node %s completed partition %s (%s)",
+                node_id,
+                p.partition_name,
+                p.step_execution_id,
+            )
+            events.completed(node_id, p.partition_name, p.step_execution_id)
+        else:
+            log.info(
+                "node %s failed partition %s (%s)", node_id, p.partition_name, p.step_execution_id
+            )
+            events.failed(node_id, p.partition_name, p.step_execution_id)
+
+    def lost(self, node_id: str, p: PendingPartition, reason: str) -> None:
+        """A partition taken away while this node ran it (its fence was refused)."""
+        log.warning(
+            "node %s lost partition %s (%s) while running it: %s",
+            node_id,
+            p.partition_name,
+            p.step_execution_id,
+            reason,
+        )
+        self.events.lost(node_id, p.partition_name, p.step_execution_id, reason)
