@@ -32,6 +32,7 @@ from dbcluster.batch.fence import FencedError
 from dbcluster.batch.grouped import Ungrouped, commit_group, groupable
 from dbcluster.batch.transactions import UnclearCommitError
 from dbcluster.cluster.identity import Identity
+from dbcluster.cluster.patience import is_passing
 from dbcluster.cluster.store import ClaimedPartition, NodeRemovedError
 from dbcluster.states import PARTITION_COMPLETED
 
@@ -154,9 +155,10 @@ class Grouping:
                 ex.context.fence(identity, str(exc))
                 return []
             except Exception as exc:  # noqa: BLE001 - what it won, if anything, is read back
-                log.warning(
-                    "node %s: a slot's claim of its next group failed: %s", identity.node_id, exc
-                )
+                # The database's passing trouble is said once, by the read back that waits it
+                # out; anything else here.
+                report = log.debug if is_passing(ex.store.provider, exc) else log.warning
+                report("node %s: a slot's claim failed: %s", identity.node_id, exc)
         return ex.read_back_claim(identity, ids)  # type: ignore[no-any-return]
 
     def run(self, tasks: list[Task]) -> list[Task]:
