@@ -55,12 +55,12 @@ def log_retry(what: str, attempt: int, error: BaseException) -> None:
 
 def warn_once(logger: logging.Logger) -> Callable[[str, int, BaseException], None]:
     """An ``on_retry`` for a wait that outlasts blips (an outage): one WARNING on ``logger`` for
-    the whole wait, "<what> yet: <error>" (``what`` says what cannot be done: "master n1 cannot
-    place")."""
+    the whole wait, "<what> yet: <error>", the error in :func:`brief` (``what`` says what cannot
+    be done: "master n1 cannot place")."""
 
     def warn(what: str, attempt: int, error: BaseException) -> None:
         if attempt == 1:
-            logger.warning("%s yet: %s", what, error)
+            logger.warning("%s yet: %s", what, brief(error))
 
     return warn
 

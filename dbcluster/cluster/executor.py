@@ -20,10 +20,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
-from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -32,6 +32,7 @@ from dbcluster.batch.fence import FencedError
 from dbcluster.batch.status import BatchStatus, ExitStatus
 from dbcluster.batch.step import commit_step
 from dbcluster.batch.transactions import UnclearCommitError
+from dbcluster.cluster.aftermath import Aftermath
 from dbcluster.cluster.announce import Announcer
 from dbcluster.cluster.claimed import ClaimedExecutions
 from dbcluster.cluster.fencing import PartitionFence
@@ -39,7 +40,8 @@ from dbcluster.cluster.grouping import Grouping
 from dbcluster.cluster.identity import Identity
 from dbcluster.cluster.patience import is_passing
 from dbcluster.cluster.store import ClaimedPartition, PendingPartition
-from dbcluster.retry import Retry, brief, warn_once
+from dbcluster.cluster.task import CLAIMED, DONE, RELEASING, RUNNING, Task
+from dbcluster.retry import brief
 
 if TYPE_CHECKING:
     from dbcluster.batch.registry import JobRegistry
@@ -50,8 +52,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("dbcluster.node")
 
 
-CLAIMED, RUNNING, RELEASING, DONE = "claimed", "running", "releasing", "done"
-
 #: The id of the node running the current partition (for logs and ledgers in user code).
 current_node_id: ContextVar[str | None] = ContextVar("dbcluster_current_node_id", default=None)
 #: The attempt (fencing token) of the partition being run.
@@ -60,18 +60,8 @@ current_attempt: ContextVar[int | None] = ContextVar("dbcluster_current_attempt"
 #: The weight of the newest run in :attr:`Executor.recent_run_ms` (an exponential average).
 _RUN_MS_WEIGHT = 0.2
 
-
-@dataclass
-class Task:
-    partition: PendingPartition
-    identity: Identity
-    state: str = CLAIMED
-    step_execution: StepExecution | None = None
-    #: The step execution as the claim left it (STARTED), when it could be built from the row.
-    preloaded: StepExecution | None = None
-    claimed_at: float = field(default_factory=time.monotonic)
-    #: The fence its run holds (once it began).
-    fence: PartitionFence | None = None
+#: How many ended partitions an executor remembers (see :meth:`Executor.take`).
+_ENDED_KEPT = 4096
 
 
 class Executor:
@@ -108,6 +98,11 @@ class Executor:
         self.announce = Announcer(context.events)
         self._lock = threading.RLock()
         self._tasks: dict[int, Task] = {}
+        #: Partitions this node ran or gave up lately, as (step execution id, attempt): a claim
+        #: read back from a snapshot taken before one of them ended must not run it again.
+        #: Every way a CLAIMED partition becomes claimable again moves its attempt on, so one
+        #: that is claimed afresh is never taken for one of these.
+        self._ended: OrderedDict[tuple[int, int], None] = OrderedDict()
         #: What claims won, as the batch model's objects (their jobs read once per node).
         self.claimed = ClaimedExecutions(self.repository)
         self._pool = ThreadPoolExecutor(self.capacity, thread_name_prefix="dbcluster-part")
@@ -116,6 +111,8 @@ class Executor:
         self.recent_run_ms: float | None = None
         #: Claimed partitions run together (see :mod:`dbcluster.cluster.grouping`).
         self.grouping = Grouping(self, context.settings.commit_group_size)
+        #: What a failed claim or final write left (see :mod:`dbcluster.cluster.aftermath`).
+        self.aftermath = Aftermath(self)
         #: Slots running (each a partition, a chain of them, or a group).
         self._busy = 0
 
@@ -164,58 +161,35 @@ class Executor:
         self, identity: Identity, claimed: list[ClaimedPartition], after: str | None = None
     ) -> list[Task]:
         """Partitions a claim won (the final write of partition ``after``, when it was that),
-        announced and held; one this node holds already (a claim read back after an error
-        may find what another claim of its own won meanwhile) is not held twice."""
+        announced and held. A claim read back after an error may name what another claim of
+        this node won meanwhile (held already) or, read before it ended, one this node has
+        since run (:attr:`_ended`): neither is held twice. Checked and held under one lock, so
+        two threads reading back at once never both take a partition."""
         with self._lock:
-            claimed = [w for w in claimed if w.partition.step_execution_id not in self._tasks]
-        if not claimed:
-            return []
-        self.announce.claimed(identity.node_id, claimed, after)
-        if self.on_claim is not None:
-            self.on_claim(claimed)
-        tasks = []
-        for won in claimed:
-            task = Task(won.partition, identity)
-            task.preloaded = self.claimed.step_execution(won)
-            tasks.append(task)
-        with self._lock:
+            fresh = [w for w in claimed if self._takes(w.partition)]
+            tasks = [Task(w.partition, identity) for w in fresh]
             for task in tasks:
                 self._tasks[task.partition.step_execution_id] = task
+        if not tasks:
+            return []
+        self.announce.claimed(identity.node_id, fresh, after)
+        if self.on_claim is not None:
+            self.on_claim(fresh)
+        for task, won in zip(tasks, fresh, strict=True):
+            task.preloaded = self.claimed.step_execution(won)
         return tasks
 
-    def _until_read(self, identity: Identity) -> Retry:
-        """Tries of a read that must be made (what a landed claim won): every heartbeat
-        interval while the database does not answer, until ``identity`` is fenced or the node
-        leaves."""
-        return Retry.every(
-            self.context.settings.heartbeat_interval / 1000,
-            lambda exc: not isinstance(exc, FencedError),
-            give_up=lambda: identity.fenced.is_set() or self.context.stopping,
-            on_retry=warn_once(log),
-        )
+    def new_to_it(self, claimed: list[ClaimedPartition]) -> list[ClaimedPartition]:
+        """Those of a claim's partitions this node would take (:meth:`take`)."""
+        with self._lock:
+            return [w for w in claimed if self._takes(w.partition)]
 
-    def read_back_claim(self, identity: Identity, ids: list[int]) -> list[ClaimedPartition]:
-        """After a claim of ``ids`` failed (past its retries, or with an unclear commit it
-        could not judge): those of them this node holds CLAIMED, read once the database answers
-        (every heartbeat interval) until the node is fenced or leaves, and not held yet. A
-        claim that landed and was never read back would leave its partitions CLAIMED on a live
-        node that does not run them: their masters recover only the partitions of nodes that
-        are gone, so the job would hang."""
-        reading = self._until_read(identity)
-        try:
-            won = reading.call(
-                lambda: self.store.claimed_by(identity.node_id, ids), "read back a failed claim"
-            )
-        except Exception as exc:  # noqa: BLE001 - fenced or leaving: its master recovers them
-            log.warning("node %s could not read back a failed claim: %s", identity.node_id, exc)
-            return []
-        if won:
-            log.warning(
-                "node %s: a claim that failed had landed; it runs the %d partition(s) it won",
-                identity.node_id,
-                len(won),
-            )
-        return won
+    def _takes(self, partition: PendingPartition) -> bool:
+        """Whether a claim's ``partition`` is new to this node (under the lock)."""
+        return (
+            partition.step_execution_id not in self._tasks
+            and (partition.step_execution_id, partition.attempt) not in self._ended
+        )
 
     # --- running a partition --------------------------------------------------------------------
 
@@ -265,8 +239,13 @@ class Executor:
             with self.repository.transactions.holding():
                 self._chain(task)
         finally:
-            with self._lock:
-                self._busy -= 1
+            self._slot_ends()
+
+    def _slot_ends(self) -> None:
+        """A slot ran its last partition: it is free (counted so before the poller hears)."""
+        with self._lock:
+            self._busy -= 1
+        self.on_free()
 
     def _chain(self, task: Task) -> None:
         following: Task | None = task
@@ -290,15 +269,12 @@ class Executor:
                     # The slot's next group, claimed by the slot and run on it (see
                     # Grouping.refill); none: it is free, and the poller takes over.
                     tasks = self.take(identity, self.grouping.refill(identity))
-                    if not tasks:
-                        self.on_free()
-                    elif not self.grouping.together(tasks):
+                    if tasks and not self.grouping.together(tasks):
                         for task in tasks:
                             self._chain(task)
                         return
         finally:
-            with self._lock:
-                self._busy -= 1
+            self._slot_ends()
 
     def _run_one(self, task: Task) -> Task | None:
         p, identity = task.partition, task.identity
@@ -326,14 +302,13 @@ class Executor:
                 log.exception(
                     "node %s failed to run partition %s", identity.node_id, p.partition_name
                 )
-            self._fail_after_error(task, error)
+            self.aftermath.fail_after_error(task, error)
         else:
             following = self._following(task)
         finally:
-            # The next one is held before this one is forgotten: the slot never looks free.
+            # The next one is held before this one is forgotten: the slot never looks free
+            # (it frees when its chain ends: Executor._slot_ends).
             self._forget(task)
-            if following is None:
-                self.on_free()
         return following
 
     def _following(self, task: Task) -> Task | None:
@@ -345,7 +320,7 @@ class Executor:
             # The final write asked for one but its row never came back: its COMMIT (sent with
             # it) lost its acknowledgement and was found to have landed. What it claimed is
             # read back and runs as any other claim.
-            self._read_back_following(task)
+            self.aftermath.read_back_following(task)
             return None
         try:
             won = self.store.claimed_next(fence.next_claim)
@@ -357,19 +332,8 @@ class Executor:
             log.exception(
                 "node %s could not take the partition it claimed next", task.identity.node_id
             )
-            self._read_back_following(task)
+            self.aftermath.read_back_following(task)
             return None
-
-    def _read_back_following(self, task: Task) -> None:
-        """:meth:`_adopt_following`, tried again (every heartbeat interval) while the database
-        does not answer, until the node is fenced or leaves: a partition claimed by a landed
-        write and never read back would stay CLAIMED on a live node."""
-        identity = task.identity
-        reading = self._until_read(identity)
-        try:
-            reading.call(lambda: self._adopt_following(task), "read the partition claimed next")
-        except Exception as exc:  # noqa: BLE001 - fenced or leaving: its master recovers it
-            log.warning("could not read the partition claimed next: %s", exc)
 
     def _next_partition(self, identity: Identity) -> int | None:
         assert self.next_partitions is not None
@@ -466,81 +430,6 @@ class Executor:
     def _lost(self, task: Task, reason: str) -> None:
         self.announce.lost(task.identity.node_id, task.partition, reason)
 
-    def _fail_after_error(self, task: Task, error: BaseException) -> None:
-        """The step could not record its outcome (its final transaction failed beyond the retry
-        budget, or its commit's outcome stayed unknown). A partition left CLAIMED on a live node
-        is never looked at again (masters recover partitions of nodes that are gone), so record
-        its end under the fence once the database answers, unless the step's own final commit
-        landed after all (the step row's version moved on). A fenced or leaving node leaves it
-        to the master.
-
-        A step that concluded (COMPLETED, FAILED or STOPPED in memory: every write of its work
-        committed, only its final write failed) gets that same final write, judged as it would
-        have been: a completed step is recorded COMPLETED (never run again), a failed one is
-        tried again only if its failure is retryable. A step that did not get as far is judged
-        on ``error``, what stopped it: a transferable partition that a database outage stopped
-        is tried again while it has tries left."""
-        identity = task.identity
-
-        def gone() -> bool:  # then its master decides
-            return identity.fenced.is_set() or self.context.stopping
-
-        if gone():
-            return
-        recording = Retry.every(
-            self.context.settings.heartbeat_interval / 1000,
-            lambda exc: not isinstance(exc, FencedError),
-            give_up=gone,
-            on_retry=warn_once(log),
-        )
-        try:
-            recording.call(
-                lambda: self._record_after_error(task, error),
-                f"cannot record partition {task.partition.step_execution_id}",
-            )
-        except Exception:  # noqa: BLE001 - fenced, or given up as the node leaves: not ours
-            return
-
-    def _record_after_error(self, task: Task, error: BaseException) -> None:
-        """One try of :meth:`_fail_after_error`."""
-        p, identity = task.partition, task.identity
-        ran = task.step_execution
-        se = self.repository.get_step_execution(p.step_execution_id)
-        if se is None:
-            return
-        if ran is not None and se.version != ran.version:
-            # Its final commit landed after all (with the partition's outcome, and with the
-            # claim of the next partition it made, which this node now runs), or its master
-            # ended it (after taking the partition away).
-            self._adopt_following(task)
-            return
-        if ran is None and not se.status.is_running:
-            return
-        fence = self._fence_for(task)
-        if ran is not None and not ran.status.is_running:
-            ran.fence = fence
-            commit_step(ran, self.runtime, final=True)
-            self._recorded(task, fence.outcome)
-            return
-        se.fence = fence
-        se.failure_exceptions.append(error)
-        self._end_without_running(
-            task,
-            se,
-            f"node {identity.node_id} could not record the outcome of partition {p.partition_name}",
-        )
-
-    def _adopt_following(self, task: Task) -> None:
-        """After a final write whose COMMIT was unclear and landed: the partition it claimed
-        next (if it asked for one) is this node's now, and runs like any other claim."""
-        fence = task.fence
-        following = None if fence is None else fence.asked_for
-        if following is None or self.holds(following):
-            return
-        won = self.store.claimed_by(task.identity.node_id, [following])
-        if won:
-            self.submit(task.identity, won)
-
     # --- handing back ---------------------------------------------------------------------------
 
     def _release(self, task: Task) -> None:
@@ -564,9 +453,14 @@ class Executor:
             log.warning("could not hand back partition %s: %s", p.step_execution_id, exc)
 
     def _forget(self, task: Task) -> None:
+        p = task.partition
         with self._lock:
             task.state = DONE
-            self._tasks.pop(task.partition.step_execution_id, None)
+            if self._tasks.get(p.step_execution_id) is task:
+                del self._tasks[p.step_execution_id]
+            self._ended[(p.step_execution_id, p.attempt)] = None
+            if len(self._ended) > _ENDED_KEPT:
+                self._ended.popitem(last=False)
 
     def on_fenced(self, identity: Identity) -> None:
         """The node fenced ``identity``: partitions claimed under it stop at their next boundary

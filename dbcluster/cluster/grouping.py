@@ -11,7 +11,7 @@ makes the whole group roll back, as a fenced node does. Then, and whenever a cal
 be called again or finds its job stopping, nothing of the group has committed, and each
 partition runs alone on the same slot, as it would have without the group (a moved one is
 refused by its own fence and reported lost). A group whose commit is unclear is judged per
-partition, as a single partition's is (``Executor._fail_after_error``).
+partition, as a single partition's is (``Aftermath.fail_after_error``).
 
 Every partition of a group is CLAIMED and STARTED by the claim, as any other: the fences,
 retries, stop requests and takeovers hold unchanged.
@@ -137,7 +137,7 @@ class Grouping:
         another anyway, and share the autocommit pool with the heartbeat). Nothing (the slot
         is free, and the poller takes over) where none is known, the node stops or is fenced,
         or the claim won none. A claim that fails is read back once the database answers
-        (:meth:`Executor.read_back_claim`): one whose commit landed would otherwise leave its
+        (:meth:`Aftermath.read_back_claim`): one whose commit landed would otherwise leave its
         partitions CLAIMED on a live node that does not run them."""
         ex = self.executor
         size = self.claim_size()
@@ -159,7 +159,7 @@ class Grouping:
                 # out; anything else here.
                 report = log.debug if is_passing(ex.store.provider, exc) else log.warning
                 report("node %s: a slot's claim failed: %s", identity.node_id, exc)
-        return ex.read_back_claim(identity, ids)  # type: ignore[no-any-return]
+        return ex.aftermath.read_back_claim(identity, ids)  # type: ignore[no-any-return]
 
     def run(self, tasks: list[Task]) -> list[Task]:
         """Run ``tasks`` (claimed, of one step) as one group. Returns those to run alone, each
@@ -172,7 +172,7 @@ class Grouping:
             committed = self._commit(tasks)
         except UnclearCommitError as error:
             for task in tasks:
-                ex._fail_after_error(task, error)
+                ex.aftermath.fail_after_error(task, error)
             return []
         except Exception:  # noqa: BLE001 - a bug: each runs alone, as without the group
             log.exception("node %s could not run a group", tasks[0].identity.node_id)

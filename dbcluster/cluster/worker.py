@@ -319,7 +319,7 @@ class Worker(Service):
         except Exception:
             # Its commit may have landed (its acknowledgement lost, the retries spent): what
             # it won runs, or it would stay CLAIMED here with no one to run it.
-            self.executor.submit(identity, self.executor.read_back_claim(identity, polled))
+            self.executor.aftermath.run_read_back(identity, polled)
             raise
         self._withdrawals = 0
         points.reach("node.claimed", node_id=identity.node_id, partitions=won)

@@ -6,6 +6,7 @@ partitions the job ends instead of waiting for ever."""
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -253,3 +254,106 @@ def test_a_claim_that_landed_but_failed_runs_what_it_won(backend: Backend, make_
             select(ledger.c.step_execution_id).where(ledger.c.job_execution_id == run["result"].id)
         ).all()
     assert len(ran) == len({r.step_execution_id for r in ran}) == 4
+
+
+def test_a_claim_whose_read_back_is_refused_too_still_withdraws(
+    backend: Backend, make_cluster
+) -> None:
+    """A claim that fails on a statement the database refuses as it is, whose read back (what
+    it may have won) is refused too: the read back says so once and gives up (only the
+    database's passing trouble is waited out), so the node still withdraws and the job whose
+    only node it is ends instead of waiting on a poller that waits for ever."""
+    settings = FAST_SETTINGS.with_overrides(no_node_timeout=1500)
+    master = make_cluster(settings, work=False)
+    worker = make_cluster(settings)
+    state = _break_claims(worker)
+    store = worker.node.store
+    refused: list[int] = []
+
+    def read_refused(*args: Any, **kwargs: Any) -> Any:
+        refused.append(1)
+        raise ProgrammingError(
+            "SELECT ... FROM batch_partitions", {}, Exception('column "attempt" does not exist')
+        )
+
+    # The read back of a failed claim, by either name it has had.
+    for name in ("read_back", "claimed_by"):
+        setattr(store, name, read_refused)
+    run = in_thread(lambda: master.launch("ledger", {"run": 6}))
+    run["thread"].join(timeout=30)
+    assert not run["thread"].is_alive(), "the node's poller waits for ever on its read back"
+    assert state["failed"] >= CLAIM_FAILURES_TO_WITHDRAW
+    assert refused, "no read back was tried"
+    assert run["result"].status is BatchStatus.FAILED
+    assert worker.node.worker.withdrawn is not None
+
+
+def _a_partition(backend: Backend, make_cluster) -> tuple[Cluster, Any]:
+    """A node, and a claim of one partition as a claim reads it back (not run by anyone)."""
+    from dbcluster.cluster.store import ClaimedPartition, PendingPartition
+
+    cluster = make_cluster(HELD)
+    partition = PendingPartition(
+        step_execution_id=987_654,
+        job_execution_id=1,
+        master_step_execution_id=2,
+        partition_name="p-1",
+        attempt=3,
+        transferable=True,
+        worker_step_name="ledger.worker",
+    )
+    return cluster, ClaimedPartition(partition, {})  # type: ignore[arg-type]
+
+
+def test_two_read_backs_at_once_never_both_take_a_partition(backend: Backend, make_cluster) -> None:
+    """Two threads taking the same claimed partition at once (a slot's read back and the
+    poller's, both finding what one landed claim won): exactly one holds it."""
+    cluster, won = _a_partition(backend, make_cluster)
+    executor = cluster.node.worker.executor
+    identity = cluster.node.identity
+    real = executor.claimed.step_execution
+    both_in = threading.Barrier(2, timeout=5)
+
+    def step_execution(claimed: Any) -> Any:
+        try:
+            both_in.wait()  # the other thread gets as far as it can meanwhile
+        except threading.BrokenBarrierError:
+            pass
+        return None if claimed is won else real(claimed)
+
+    executor.claimed.step_execution = step_execution  # type: ignore[method-assign]
+    results: list[Any] = []
+    threads = [
+        threading.Thread(target=lambda: results.append(executor.take(identity, [won])))
+        for _ in range(2)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=10)
+    try:
+        assert sorted(len(r) for r in results) == [0, 1], results
+    finally:
+        for taken in results:
+            for task in taken:
+                executor._forget(task)
+
+
+def test_a_claim_read_back_before_its_partition_ended_does_not_run_it_again(
+    backend: Backend, make_cluster
+) -> None:
+    """A read back whose rows were read before this node ended one of them (the partition and
+    its attempt) takes nothing: it ran."""
+    cluster, won = _a_partition(backend, make_cluster)
+    executor = cluster.node.worker.executor
+    identity = cluster.node.identity
+    executor.claimed.step_execution = lambda claimed: None  # type: ignore[method-assign]
+    [task] = executor.take(identity, [won])
+    executor._forget(task)
+    assert executor.take(identity, [won]) == []
+    # Claimed afresh (every way back to PENDING moves the attempt on), it is taken.
+    from dbcluster.cluster.store import ClaimedPartition
+
+    again = ClaimedPartition(replace(won.partition, attempt=won.partition.attempt + 1), {})
+    [task] = executor.take(identity, [again])
+    executor._forget(task)

@@ -154,7 +154,7 @@ def test_on_retry_hears_of_each_repetition_and_warn_once_warns_once(caplog) -> N
         _policy(clock, on_retry=warn_once(logger)).call(
             _failing(3, Blip("refused")), "master n1 cannot place"
         )
-    assert [r.getMessage() for r in caplog.records] == ["master n1 cannot place yet: refused"]
+    assert [r.getMessage() for r in caplog.records] == ["master n1 cannot place yet: Blip: refused"]
 
 
 def test_a_run_shares_its_deadline_with_a_verification_started_from_it() -> None:

@@ -229,6 +229,21 @@ class Claims(Connector):
             ),
         )
 
+    def read_back(
+        self, node_id: str, load: int, step_execution_ids: Sequence[int]
+    ) -> list[ClaimedPartition]:
+        """Those of these partitions this node holds CLAIMED, read as an unclear claim is
+        judged (:meth:`PartitionClaim.verify`: the node's own row locked first), for a claim
+        that failed past its retries: a node removed meanwhile gets :class:`NodeRemovedError`
+        rather than partitions its removal already gave their masters. Repeated on transient
+        errors like any statement; the caller decides how long to wait for the database."""
+
+        def once() -> list[ClaimedPartition]:
+            with self.engine.connect() as conn:
+                return read_claimed_locked(self, conn, node_id, load, step_execution_ids)
+
+        return self.retry.call(once, "read back a claim")
+
     def claimed_by(self, node_id: str, step_execution_ids: Sequence[int]) -> list[ClaimedPartition]:
         """Those of these partitions this node holds CLAIMED, with what the executor needs (as
         a claim reads them back). One read."""
@@ -376,6 +391,19 @@ def polled_and_leases(
     return found, leases
 
 
+def read_claimed_locked(
+    store: Claims, conn: Connection, node_id: str, load: int, ids: Sequence[int]
+) -> list[ClaimedPartition]:
+    """Those of ``ids`` the node holds CLAIMED, read while its own row is locked: a node removed
+    meanwhile (its claims fenced under a new attempt in the transaction that deleted its row)
+    learns it here (:class:`NodeRemovedError`) instead of taking its partitions back under the
+    new attempt."""
+    with conn.begin():
+        store.touch_own_row(conn, node_id, load)
+        params = {"b_node": node_id, "b_ids": list(ids)}
+        return claimed_partitions(conn.execute(store._select_claimed(), params).mappings())
+
+
 class PartitionClaim:
     """One claim of :meth:`Claims.claim`: polled partitions for one node, tried in one statement
     that commits on its own (:meth:`at_once`) or in one transaction of five (:meth:`in_steps`),
@@ -395,19 +423,12 @@ class PartitionClaim:
         self.load = load
         self.ids = list(step_execution_ids)
         self.started_at = started_at
-        self.select_claimed = store._select_claimed()
         self.one_statement, self.prebuilt = store._claim_statement(with_jobs, len(self.ids))
         self.tries = 0
 
     def verify(self, conn: Connection) -> list[ClaimedPartition] | None:
-        """What an unclear claim won, read while the node's own row is locked: a node removed
-        meanwhile (its claims fenced under a new attempt in the transaction that deleted its
-        row) learns it here instead of taking its partitions back under the new attempt."""
-        with conn.begin():
-            self.store.touch_own_row(conn, self.node_id, self.load)
-            params = {"b_node": self.node_id, "b_ids": self.ids}
-            found = conn.execute(self.select_claimed, params).mappings()
-            return claimed_partitions(found) or None
+        """What an unclear claim won (see :func:`read_claimed_locked`)."""
+        return read_claimed_locked(self.store, conn, self.node_id, self.load, self.ids) or None
 
     def at_once(self, conn: Connection) -> list[ClaimedPartition]:
         """The whole claim in one statement (on the autocommit engine)."""
@@ -465,4 +486,4 @@ class PartitionClaim:
             ),
             {**params, "b_started_at": self.started_at},
         )
-        return claimed_partitions(conn.execute(self.select_claimed, params).mappings())
+        return claimed_partitions(conn.execute(store._select_claimed(), params).mappings())

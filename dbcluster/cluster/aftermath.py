@@ -1,0 +1,224 @@
+"""What a failed claim or final write leaves behind, settled once the database answers.
+
+A claim that raised may have landed (its acknowledgement lost, its retries spent), and so may a
+final write that claimed the next partition; a partition whose outcome could not be written is
+still CLAIMED. Masters recover only the partitions of nodes that are gone, so a live node that
+left any of these alone would hang its job: it reads back what it won and runs it, and records
+what it could not, every heartbeat interval while the database's trouble lasts, until the node
+is fenced or leaves (then its master decides). Only the database's passing trouble is waited
+out: a statement it refuses as it is gets one ERROR (the node's claims then withdraw it).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Protocol
+
+from dbcluster.batch.fence import FencedError
+from dbcluster.batch.step import commit_step
+from dbcluster.cluster.identity import Identity
+from dbcluster.cluster.patience import is_passing
+from dbcluster.cluster.store import ClaimedPartition, NodeRemovedError
+from dbcluster.cluster.task import Task
+from dbcluster.retry import Retry, brief, warn_once
+
+if TYPE_CHECKING:
+    from dbcluster.batch.domain import StepExecution
+    from dbcluster.batch.repository import JobRepository
+    from dbcluster.batch.runtime import BatchRuntime
+    from dbcluster.cluster.context import NodeContext
+    from dbcluster.cluster.fencing import PartitionFence
+    from dbcluster.cluster.store import CoordinationStore
+
+log = logging.getLogger("dbcluster.node")
+
+
+class Slots(Protocol):
+    """What the aftermath uses of the executor whose claims and runs it settles
+    (:class:`~dbcluster.cluster.executor.Executor`)."""
+
+    context: NodeContext
+    store: CoordinationStore
+    repository: JobRepository
+    runtime: BatchRuntime
+
+    @property
+    def load(self) -> int: ...
+
+    def new_to_it(self, claimed: list[ClaimedPartition]) -> list[ClaimedPartition]: ...
+
+    def submit(self, identity: Identity, claimed: list[ClaimedPartition]) -> None: ...
+
+    def holds(self, step_execution_id: int) -> bool: ...
+
+    def _fence_for(self, task: Task, *, hand_on: bool = False) -> PartitionFence: ...
+
+    def _end_without_running(self, task: Task, se: StepExecution, message: str) -> None: ...
+
+    def _recorded(self, task: Task, outcome: str | None) -> None: ...
+
+
+class Aftermath:
+    """The :mod:`aftermath <dbcluster.cluster.aftermath>` of an executor's claims and runs."""
+
+    def __init__(self, executor: Slots) -> None:
+        self.executor = executor
+        self.context = executor.context
+        self.store = executor.store
+
+    def _until_read(self, identity: Identity) -> Retry:
+        """Tries of a read that must be made (what a landed claim won): every heartbeat
+        interval while the database's trouble passes (one WARNING for the whole wait), until
+        the node is fenced or leaves. Anything else (a statement the database refuses as it
+        is) is not waited out: it is raised."""
+        return Retry.every(
+            self.context.settings.heartbeat_interval / 1000,
+            lambda exc: not isinstance(exc, FencedError) and is_passing(self.store.provider, exc),
+            give_up=lambda: self.gone(identity),
+            on_retry=warn_once(log),
+        )
+
+    def gone(self, identity: Identity) -> bool:
+        """Whether the node no longer acts under ``identity``: fenced, leaving, or joined again
+        under another (its master recovers what ``identity`` held)."""
+        membership = self.context.membership
+        return identity.fenced.is_set() or membership.stopping or membership.current is not identity
+
+    def read_back_claim(self, identity: Identity, ids: list[int]) -> list[ClaimedPartition]:
+        """After a claim of ``ids`` failed (past its retries, or with an unclear commit it
+        could not judge): those of them this node holds CLAIMED, read as an unclear claim is
+        judged (its own row locked first) once the database answers, every heartbeat interval
+        until the node is fenced or leaves. A claim that landed and was never read back would
+        leave its partitions CLAIMED on a live node that does not run them: their masters
+        recover only the partitions of nodes that are gone, so the job would hang. A read the
+        database refuses as it is (not its passing trouble) is one ERROR and nothing: the
+        claim's own failure goes on to withdraw the node (see :mod:`dbcluster.cluster.worker`)."""
+        if self.gone(identity):
+            return []
+        node_id = identity.node_id
+        reading = self._until_read(identity)
+        try:
+            won = reading.call(
+                lambda: self.store.read_back(node_id, self.executor.load, ids),
+                f"node {node_id} cannot read back a failed claim",
+            )
+        except NodeRemovedError as exc:
+            self.context.fence(identity, str(exc))
+            return []
+        except Exception as exc:  # noqa: BLE001 - see the docstring
+            if not self.gone(identity):
+                log.error(
+                    "node %s could not read back a claim that failed: %s", node_id, brief(exc)
+                )
+            return []
+        new = self.executor.new_to_it(won)
+        if new:
+            log.info(
+                "node %s: a claim that failed had landed; it runs the %d partition(s) it won",
+                node_id,
+                len(new),
+            )
+        return won
+
+    def run_read_back(self, identity: Identity, ids: list[int]) -> None:
+        """:meth:`read_back_claim`, and what it finds runs (nothing once the node is leaving:
+        the slots shut down, its masters recover them)."""
+        won = self.read_back_claim(identity, ids)
+        try:
+            self.executor.submit(identity, won)
+        except RuntimeError:
+            log.info("node %s is leaving: what a failed claim won goes back", identity.node_id)
+
+    def read_back_following(self, task: Task) -> None:
+        """:meth:`_adopt_following`, tried again (every heartbeat interval) while the database
+        does not answer, until the node is fenced or leaves: a partition claimed by a landed
+        write and never read back would stay CLAIMED on a live node."""
+        identity = task.identity
+        reading = self._until_read(identity)
+        try:
+            reading.call(
+                lambda: self._adopt_following(task),
+                f"node {identity.node_id} cannot read the partition it claimed next",
+            )
+        except Exception as exc:  # noqa: BLE001 - fenced or leaving: its master recovers it
+            if not self.gone(identity):
+                log.error(
+                    "node %s could not read the partition it claimed next: %s",
+                    identity.node_id,
+                    brief(exc),
+                )
+
+    def fail_after_error(self, task: Task, error: BaseException) -> None:
+        """The step could not record its outcome (its final transaction failed beyond the retry
+        budget, or its commit's outcome stayed unknown). A partition left CLAIMED on a live node
+        is never looked at again (masters recover partitions of nodes that are gone), so record
+        its end under the fence once the database answers, unless the step's own final commit
+        landed after all (the step row's version moved on). A fenced or leaving node leaves it
+        to the master.
+
+        A step that concluded (COMPLETED, FAILED or STOPPED in memory: every write of its work
+        committed, only its final write failed) gets that same final write, judged as it would
+        have been: a completed step is recorded COMPLETED (never run again), a failed one is
+        tried again only if its failure is retryable. A step that did not get as far is judged
+        on ``error``, what stopped it: a transferable partition that a database outage stopped
+        is tried again while it has tries left."""
+        identity = task.identity
+
+        def gone() -> bool:  # then its master decides
+            return identity.fenced.is_set() or self.context.stopping
+
+        if gone():
+            return
+        recording = Retry.every(
+            self.context.settings.heartbeat_interval / 1000,
+            lambda exc: not isinstance(exc, FencedError),
+            give_up=gone,
+            on_retry=warn_once(log),
+        )
+        try:
+            recording.call(
+                lambda: self._record_after_error(task, error),
+                f"cannot record partition {task.partition.step_execution_id}",
+            )
+        except Exception:  # noqa: BLE001 - fenced, or given up as the node leaves: not ours
+            return
+
+    def _record_after_error(self, task: Task, error: BaseException) -> None:
+        """One try of :meth:`fail_after_error`."""
+        p, identity = task.partition, task.identity
+        ran = task.step_execution
+        se = self.executor.repository.get_step_execution(p.step_execution_id)
+        if se is None:
+            return
+        if ran is not None and se.version != ran.version:
+            # Its final commit landed after all (with the partition's outcome, and with the
+            # claim of the next partition it made, which this node now runs), or its master
+            # ended it (after taking the partition away).
+            self._adopt_following(task)
+            return
+        if ran is None and not se.status.is_running:
+            return
+        fence = self.executor._fence_for(task)
+        if ran is not None and not ran.status.is_running:
+            ran.fence = fence
+            commit_step(ran, self.executor.runtime, final=True)
+            self.executor._recorded(task, fence.outcome)
+            return
+        se.fence = fence
+        se.failure_exceptions.append(error)
+        self.executor._end_without_running(
+            task,
+            se,
+            f"node {identity.node_id} could not record the outcome of partition {p.partition_name}",
+        )
+
+    def _adopt_following(self, task: Task) -> None:
+        """After a final write whose COMMIT was unclear and landed: the partition it claimed
+        next (if it asked for one) is this node's now, and runs like any other claim."""
+        fence = task.fence
+        following = None if fence is None else fence.asked_for
+        if following is None or self.executor.holds(following):
+            return
+        won = self.store.claimed_by(task.identity.node_id, [following])
+        if won:
+            self.executor.submit(task.identity, won)
