@@ -6,7 +6,10 @@ still CLAIMED. Masters recover only the partitions of nodes that are gone, so a 
 left any of these alone would hang its job: it reads back what it won and runs it, and records
 what it could not, every heartbeat interval while the database's trouble lasts, until the node
 is fenced or leaves (then its master decides). Only the database's passing trouble is waited
-out: a statement it refuses as it is gets one ERROR (the node's claims then withdraw it).
+out. A read it refuses as it is (a schema this version cannot use, a bug) leaves the node
+unable to tell what it holds: it gives up the identity those partitions were claimed under
+(fenced, it joins again under a new id, and their masters recover them once the old one is
+removed), with one ERROR: a person must mend what the database refused.
 """
 
 from __future__ import annotations
@@ -47,7 +50,9 @@ class Slots(Protocol):
 
     def new_to_it(self, claimed: list[ClaimedPartition]) -> list[ClaimedPartition]: ...
 
-    def submit(self, identity: Identity, claimed: list[ClaimedPartition]) -> None: ...
+    def submit(
+        self, identity: Identity, claimed: list[ClaimedPartition], *, read_back: bool = False
+    ) -> None: ...
 
     def holds(self, step_execution_id: int) -> bool: ...
 
@@ -91,8 +96,8 @@ class Aftermath:
         until the node is fenced or leaves. A claim that landed and was never read back would
         leave its partitions CLAIMED on a live node that does not run them: their masters
         recover only the partitions of nodes that are gone, so the job would hang. A read the
-        database refuses as it is (not its passing trouble) is one ERROR and nothing: the
-        claim's own failure goes on to withdraw the node (see :mod:`dbcluster.cluster.worker`)."""
+        database refuses as it is (not its passing trouble) gives the identity up
+        (:meth:`_give_up`)."""
         if self.gone(identity):
             return []
         node_id = identity.node_id
@@ -106,10 +111,7 @@ class Aftermath:
             self.context.fence(identity, str(exc))
             return []
         except Exception as exc:  # noqa: BLE001 - see the docstring
-            if not self.gone(identity):
-                log.error(
-                    "node %s could not read back a claim that failed: %s", node_id, brief(exc)
-                )
+            self._give_up(identity, "a claim that failed", exc)
             return []
         new = self.executor.new_to_it(won)
         if new:
@@ -125,7 +127,7 @@ class Aftermath:
         the slots shut down, its masters recover them)."""
         won = self.read_back_claim(identity, ids)
         try:
-            self.executor.submit(identity, won)
+            self.executor.submit(identity, won, read_back=True)
         except RuntimeError:
             log.info("node %s is leaving: what a failed claim won goes back", identity.node_id)
 
@@ -141,12 +143,23 @@ class Aftermath:
                 f"node {identity.node_id} cannot read the partition it claimed next",
             )
         except Exception as exc:  # noqa: BLE001 - fenced or leaving: its master recovers it
-            if not self.gone(identity):
-                log.error(
-                    "node %s could not read the partition it claimed next: %s",
-                    identity.node_id,
-                    brief(exc),
-                )
+            self._give_up(identity, "the partition it claimed next", exc)
+
+    def _give_up(self, identity: Identity, what: str, error: BaseException) -> None:
+        """A read back that cannot be made (``error``, not the database's passing trouble):
+        what ``identity`` claimed may stand CLAIMED with no thread to run it, and only a node
+        that is gone has its partitions recovered. So the node gives the identity up (it joins
+        again under a new id; the old one is removed and its masters recover what it held),
+        unless it is gone already."""
+        if self.gone(identity):
+            return
+        reason = f"could not read back {what}: {brief(error)}"
+        log.error(
+            "node %s %s; it gives this id up so that its masters recover what it holds",
+            identity.node_id,
+            reason,
+        )
+        self.context.fence(identity, reason)
 
     def fail_after_error(self, task: Task, error: BaseException) -> None:
         """The step could not record its outcome (its final transaction failed beyond the retry
@@ -217,8 +230,13 @@ class Aftermath:
         next (if it asked for one) is this node's now, and runs like any other claim."""
         fence = task.fence
         following = None if fence is None else fence.asked_for
+        identity = task.identity
         if following is None or self.executor.holds(following):
             return
-        won = self.store.claimed_by(task.identity.node_id, [following])
+        try:
+            won = self.store.read_back(identity.node_id, self.executor.load, [following])
+        except NodeRemovedError as exc:
+            self.context.fence(identity, str(exc))
+            return
         if won:
-            self.executor.submit(task.identity, won)
+            self.executor.submit(identity, won, read_back=True)

@@ -64,6 +64,12 @@ _RUN_MS_WEIGHT = 0.2
 _ENDED_KEPT = 4096
 
 
+def _ended_key(p: PendingPartition) -> tuple[int, int, int, str]:
+    """A partition at its attempt, as :attr:`Executor._ended` remembers it (its job and name
+    too: SQLite may hand a pruned step execution's id out again)."""
+    return (p.step_execution_id, p.attempt, p.job_execution_id, p.partition_name)
+
+
 class Executor:
     """Runs claimed partitions on ``capacity`` threads, each a step of ``runtime``'s registry
     (``stop_requests`` watches their jobs while they run); ``on_free`` is called each time one
@@ -98,11 +104,11 @@ class Executor:
         self.announce = Announcer(context.events)
         self._lock = threading.RLock()
         self._tasks: dict[int, Task] = {}
-        #: Partitions this node ran or gave up lately, as (step execution id, attempt): a claim
-        #: read back from a snapshot taken before one of them ended must not run it again.
-        #: Every way a CLAIMED partition becomes claimable again moves its attempt on, so one
-        #: that is claimed afresh is never taken for one of these.
-        self._ended: OrderedDict[tuple[int, int], None] = OrderedDict()
+        #: Partitions this node ran or gave up lately (:func:`_ended_key`): a claim read back
+        #: from a snapshot taken before one of them ended must not run it again. Every way a
+        #: CLAIMED partition becomes claimable again moves its attempt on, so one claimed
+        #: afresh is not taken for one of these.
+        self._ended: OrderedDict[tuple[int, int, int, str], None] = OrderedDict()
         #: What claims won, as the batch model's objects (their jobs read once per node).
         self.claimed = ClaimedExecutions(self.repository)
         self._pool = ThreadPoolExecutor(self.capacity, thread_name_prefix="dbcluster-part")
@@ -140,10 +146,13 @@ class Executor:
         with self._lock:
             return self.capacity - self._busy
 
-    def submit(self, identity: Identity, claimed: list[ClaimedPartition]) -> None:
+    def submit(
+        self, identity: Identity, claimed: list[ClaimedPartition], *, read_back: bool = False
+    ) -> None:
         """Run partitions a claim won (their step executions are already STARTED): alone, or
-        several in one transaction (see :mod:`dbcluster.cluster.grouping`)."""
-        tasks = self.take(identity, claimed)
+        several in one transaction (see :mod:`dbcluster.cluster.grouping`). ``read_back``:
+        they were read back after a claim failed (see :meth:`take`)."""
+        tasks = self.take(identity, claimed, read_back=read_back)
         for batch in self.grouping.batches(tasks, self.free_slots()):
             with self._lock:
                 self._busy += 1
@@ -158,15 +167,22 @@ class Executor:
                 raise
 
     def take(
-        self, identity: Identity, claimed: list[ClaimedPartition], after: str | None = None
+        self,
+        identity: Identity,
+        claimed: list[ClaimedPartition],
+        after: str | None = None,
+        *,
+        read_back: bool = False,
     ) -> list[Task]:
         """Partitions a claim won (the final write of partition ``after``, when it was that),
-        announced and held. A claim read back after an error may name what another claim of
-        this node won meanwhile (held already) or, read before it ended, one this node has
-        since run (:attr:`_ended`): neither is held twice. Checked and held under one lock, so
-        two threads reading back at once never both take a partition."""
+        announced and held; one held already is not held twice (checked and held under one
+        lock, so two threads reading back at once never both take a partition). A claim
+        ``read_back`` after an error may also name, read before it ended, one this node has
+        run since (:attr:`_ended`): it is not run again. Only a read back is checked so (a
+        claim that just won a partition is never stale, and SQLite may hand a pruned
+        partition's id out again)."""
         with self._lock:
-            fresh = [w for w in claimed if self._takes(w.partition)]
+            fresh = self._new(claimed, read_back)
             tasks = [Task(w.partition, identity) for w in fresh]
             for task in tasks:
                 self._tasks[task.partition.step_execution_id] = task
@@ -180,16 +196,23 @@ class Executor:
         return tasks
 
     def new_to_it(self, claimed: list[ClaimedPartition]) -> list[ClaimedPartition]:
-        """Those of a claim's partitions this node would take (:meth:`take`)."""
+        """Those of a read back claim's partitions this node would take (:meth:`take`)."""
         with self._lock:
-            return [w for w in claimed if self._takes(w.partition)]
+            return self._new(claimed, True)
 
-    def _takes(self, partition: PendingPartition) -> bool:
-        """Whether a claim's ``partition`` is new to this node (under the lock)."""
-        return (
-            partition.step_execution_id not in self._tasks
-            and (partition.step_execution_id, partition.attempt) not in self._ended
-        )
+    def _new(self, claimed: list[ClaimedPartition], read_back: bool) -> list[ClaimedPartition]:
+        """Those of ``claimed`` this node does not hold, each once (under the lock); those it
+        ended too, for a ``read_back``."""
+        tasks, ended = self._tasks, self._ended
+        new: dict[int, ClaimedPartition] = {}
+        for won in claimed:
+            p = won.partition
+            if p.step_execution_id in tasks or p.step_execution_id in new:
+                continue
+            if read_back and _ended_key(p) in ended:
+                continue
+            new[p.step_execution_id] = won
+        return list(new.values())
 
     # --- running a partition --------------------------------------------------------------------
 
@@ -268,7 +291,8 @@ class Executor:
                         self._forget(task)
                     # The slot's next group, claimed by the slot and run on it (see
                     # Grouping.refill); none: it is free, and the poller takes over.
-                    tasks = self.take(identity, self.grouping.refill(identity))
+                    won, read_back = self.grouping.refill(identity)
+                    tasks = self.take(identity, won, read_back=read_back)
                     if tasks and not self.grouping.together(tasks):
                         for task in tasks:
                             self._chain(task)
@@ -458,7 +482,7 @@ class Executor:
             task.state = DONE
             if self._tasks.get(p.step_execution_id) is task:
                 del self._tasks[p.step_execution_id]
-            self._ended[(p.step_execution_id, p.attempt)] = None
+            self._ended[_ended_key(p)] = None
             if len(self._ended) > _ENDED_KEPT:
                 self._ended.popitem(last=False)
 

@@ -34,6 +34,7 @@ from dbcluster.batch.transactions import UnclearCommitError
 from dbcluster.cluster.identity import Identity
 from dbcluster.cluster.patience import is_passing
 from dbcluster.cluster.store import ClaimedPartition, NodeRemovedError
+from dbcluster.retry import brief
 from dbcluster.states import PARTITION_COMPLETED
 
 #: The executor (``cluster/executor.py``) and its tasks, typed loosely here: the executor
@@ -127,39 +128,40 @@ class Grouping:
             groups.extend(members[k::count] for k in range(count))
         return groups + alone
 
-    def refill(self, identity: Identity) -> list[ClaimedPartition]:
+    def refill(self, identity: Identity) -> tuple[list[ClaimedPartition], bool]:
         """The next group of a slot whose group committed, claimed by the slot itself from the
         partitions its node knows are waiting (a poll found them beyond what it claimed: the
         executor's ``next_partitions``) with the poller's own claim, for the slot to run next.
         A node's slots then refill side by side, where the one poller served them one after
         another, each with a poll and a claim, and the slots stood idle meanwhile. At most
         ``SLOT_CLAIMS`` slots claim at once (the claims take the node's own row one after
-        another anyway, and share the autocommit pool with the heartbeat). Nothing (the slot
-        is free, and the poller takes over) where none is known, the node stops or is fenced,
-        or the claim won none. A claim that fails is read back once the database answers
-        (:meth:`Aftermath.read_back_claim`): one whose commit landed would otherwise leave its
-        partitions CLAIMED on a live node that does not run them."""
+        another anyway, and share the autocommit pool with the heartbeat). What it won (none:
+        the slot is free, and the poller takes over) where none is known, the node stops or is
+        fenced, or the claim won none), and whether that was read back (see
+        :meth:`Executor.take`): a claim that fails is read back once the database answers
+        (:meth:`Aftermath.read_back_claim`), as one whose commit landed would otherwise leave
+        its partitions CLAIMED on a live node that does not run them."""
         ex = self.executor
         size = self.claim_size()
         if size < 2 or ex.next_partitions is None or ex.context.stopping:
-            return []
+            return [], False
         if identity.fenced.is_set():
-            return []
+            return [], False
         with self._slot_claims:
             ids = ex.next_partitions(identity, size)
             if not ids:
-                return []
+                return [], False
             try:
-                return ex.store.claim(identity.node_id, ex.load, ids, utcnow())  # type: ignore[no-any-return]
+                return ex.store.claim(identity.node_id, ex.load, ids, utcnow()), False
             except NodeRemovedError as exc:
                 ex.context.fence(identity, str(exc))
-                return []
+                return [], False
             except Exception as exc:  # noqa: BLE001 - what it won, if anything, is read back
                 # The database's passing trouble is said once, by the read back that waits it
                 # out; anything else here.
                 report = log.debug if is_passing(ex.store.provider, exc) else log.warning
-                report("node %s: a slot's claim failed: %s", identity.node_id, exc)
-        return ex.aftermath.read_back_claim(identity, ids)  # type: ignore[no-any-return]
+                report("node %s: a slot's claim failed: %s", identity.node_id, brief(exc))
+        return ex.aftermath.read_back_claim(identity, ids), True
 
     def run(self, tasks: list[Task]) -> list[Task]:
         """Run ``tasks`` (claimed, of one step) as one group. Returns those to run alone, each

@@ -211,10 +211,12 @@ def test_a_withdrawn_node_keeps_no_capacity_after_a_failed_write_or_a_rejoin(
     assert healthy.launch("ledger", {"run": 5}).status is BatchStatus.COMPLETED
 
 
-def _landing_then_failing(cluster: Cluster, times: int, thread_prefix: str = "") -> dict[str, Any]:
+def _landing_then_failing(
+    cluster: Cluster, times: int, thread_prefix: str = "", error: Exception | None = None
+) -> dict[str, Any]:
     """The first ``times`` claims of partitions by this node (on threads whose names start with
     ``thread_prefix``) commit and then raise, as a claim whose acknowledgement was lost and
-    whose retries were spent does."""
+    whose retries were spent does (or ``error``: one after its commit, reading its rows)."""
     store = cluster.node.store
     real = store.claim
     state: dict[str, Any] = {"left": times, "landed": []}
@@ -229,7 +231,7 @@ def _landing_then_failing(cluster: Cluster, times: int, thread_prefix: str = "")
         ):
             state["left"] -= 1
             state["landed"].extend(w.partition.step_execution_id for w in won)
-            raise OperationalError("COMMIT", {}, Exception("server closed the connection"))
+            raise error or OperationalError("COMMIT", {}, Exception("server closed the connection"))
         return won
 
     store.claim = claim  # type: ignore[method-assign]
@@ -343,17 +345,60 @@ def test_a_claim_read_back_before_its_partition_ended_does_not_run_it_again(
     backend: Backend, make_cluster
 ) -> None:
     """A read back whose rows were read before this node ended one of them (the partition and
-    its attempt) takes nothing: it ran."""
+    its attempt) takes nothing: it ran. A claim that just won it (not read back: SQLite may
+    hand a pruned partition's id out again), or a read back of its next attempt, takes it."""
+    from dbcluster.cluster.store import ClaimedPartition
+
     cluster, won = _a_partition(backend, make_cluster)
     executor = cluster.node.worker.executor
     identity = cluster.node.identity
     executor.claimed.step_execution = lambda claimed: None  # type: ignore[method-assign]
     [task] = executor.take(identity, [won])
     executor._forget(task)
-    assert executor.take(identity, [won]) == []
-    # Claimed afresh (every way back to PENDING moves the attempt on), it is taken.
-    from dbcluster.cluster.store import ClaimedPartition
-
+    assert executor.take(identity, [won], read_back=True) == []
     again = ClaimedPartition(replace(won.partition, attempt=won.partition.attempt + 1), {})
-    [task] = executor.take(identity, [again])
+    for claimed, read_back in ((won, False), (again, True)):
+        [task] = executor.take(identity, [claimed], read_back=read_back)
+        executor._forget(task)
+    # One claim naming a partition twice holds it once.
+    [task] = executor.take(identity, [again, again])
     executor._forget(task)
+
+
+def test_a_landed_claim_that_cannot_be_read_back_gives_its_partitions_to_their_master(
+    backend: Backend, make_cluster
+) -> None:
+    """A claim that landed and then failed on something other than the database's passing
+    trouble (reading its rows after its commit), whose read back fails the same way: the node
+    cannot tell what it holds, so it gives that id up (one ERROR), the old id is removed and
+    the master recovers its partitions; the job completes. Left alone (the read back's ERROR
+    and nothing more), they stayed CLAIMED on a live node and the job never ended."""
+    master = make_cluster(FAST_SETTINGS, work=False)
+    broken = make_cluster(FAST_SETTINGS)
+    make_cluster(FAST_SETTINGS)
+    old_id = broken.node.node_id
+    state = _landing_then_failing(broken, 1, error=TypeError("'NoneType' object is not iterable"))
+    store = broken.node.store
+
+    def read_refused(*args: Any, **kwargs: Any) -> Any:
+        raise TypeError("'NoneType' object is not iterable")
+
+    store.read_back = read_refused  # type: ignore[method-assign]
+    recorder = record_events(broken.node)
+    run = in_thread(lambda: master.launch("ledger", {"run": 7}))
+    run["thread"].join(timeout=60)
+    assert not run["thread"].is_alive(), "partitions of a landed claim stayed CLAIMED"
+    assert state["landed"], "no claim landed and failed"
+    assert run["result"].status is BatchStatus.COMPLETED, run["result"].exit_status
+    fenced = [e for e in recorder.named("fenced") if e["node_id"] == old_id]
+    assert fenced and "could not read back" in fenced[0]["reason"], recorder.named("fenced")
+    with backend.engine.connect() as conn:
+        ran = conn.execute(
+            select(ledger.c.partition_name).where(ledger.c.job_execution_id == run["result"].id)
+        ).all()
+        placed = conn.execute(
+            select(partitions.c.step_execution_id).where(
+                partitions.c.job_execution_id == run["result"].id
+            )
+        ).all()
+    assert placed and len(ran) == len({r.partition_name for r in ran}) == len(placed)

@@ -30,8 +30,7 @@ def _now() -> datetime:
 def _waiting_on_nodes(engine: Engine) -> int:
     """Statements on the node registry queued on a lock (the claim, the node's read-back that
     touches its row). Only those count: a connection another test left waiting on some lock
-    would otherwise let the set-up go on before the claim it waits for has even started (seen
-    once in CI: the read-back then won, and the first statement found nothing left to claim)."""
+    would otherwise let the set-up go on before the claim it waits for has even started."""
     with engine.connect() as conn:
         return int(
             conn.execute(
@@ -119,7 +118,14 @@ def test_a_claim_statement_that_outlives_its_connection_is_not_lost(backend: Bac
     _on_claim(store, run_on_then_drop)
     with engine.connect() as heartbeat:
         heartbeat.begin()
-        heartbeat.execute(update(nodes).where(nodes.c.node_id == "suite-me").values(current_load=9))
+        # The row locked, not updated: when a waiter's blocker had updated the row, PostgreSQL
+        # wakes every waiter to chase the new row version and any of them may lock it first,
+        # so the retry's read back could beat the first statement (seen twice under load: the
+        # node still came back with all it claimed, but the set-up's premise failed). A lock
+        # alone leaves one version, and its first waiter goes first.
+        heartbeat.execute(
+            select(nodes.c.node_id).where(nodes.c.node_id == "suite-me").with_for_update()
+        )
         claim = in_thread(lambda: store.claim("suite-me", 0, ids, _now()))
         wait_for(lambda: _waiting_on_nodes(engine) >= 2, what="the node's retry to queue behind it")
         heartbeat.commit()
