@@ -58,15 +58,22 @@ FIRST_CHECK_MS = 5
 
 class CheckPace:
     """When a master looks at its partitions next: soon after placing them, then at doubling
-    intervals up to ``max_ms``; while partitions are ending, at half the time the ones still
-    in flight need at the pace seen since the last look (within ``first_ms`` and ``max_ms``),
-    so the step's end is seen a few milliseconds after it, not up to ``max_ms`` later."""
+    intervals up to ``max_ms`` while none has ended; once they are ending, at half the time the
+    ones still in flight need at the pace seen since the last look that found some ended
+    (within ``first_ms`` and ``max_ms``), so the step's end is seen a few milliseconds after
+    it, not up to ``max_ms`` later. A look that finds none ended since (a group of partitions
+    ends all at once) waits twice its last pause: falling back to the doubling the first looks
+    grew would wait ``max_ms`` once that reached it, and a drain's end was then seen up to half
+    a second late."""
 
     def __init__(self, first_ms: float, max_ms: float) -> None:
         self.first_ms = min(first_ms, max_ms)
         self.max_ms = max_ms
         self._doubling = self.first_ms
+        #: The last look that found fewer in flight (or the first look): seconds, count.
         self._last: tuple[float, int] | None = None
+        #: The last pause chosen from the pace seen (None: none has ended yet).
+        self._pause: float | None = None
 
     def backoff_ms(self) -> float:
         """The pause after a look that found nothing (the database did not answer)."""
@@ -76,12 +83,18 @@ class CheckPace:
 
     def next_ms(self, in_flight: int, now: float) -> float:
         """The pause after a look at ``now`` (seconds, monotonic) found ``in_flight``."""
-        pause = self.backoff_ms()
-        last, self._last = self._last, (now, in_flight)
-        if last is None or in_flight >= last[1] or now <= last[0]:
-            return pause
-        per_ms = (last[1] - in_flight) / ((now - last[0]) * 1000)
-        return max(self.first_ms, min(self.max_ms, in_flight / per_ms / 2))
+        last = self._last
+        if last is not None and now > last[0] and in_flight < last[1]:
+            self._last = (now, in_flight)
+            per_ms = (last[1] - in_flight) / ((now - last[0]) * 1000)
+            self._pause = max(self.first_ms, min(self.max_ms, in_flight / per_ms / 2))
+            return self._pause
+        if last is None or in_flight > last[1]:
+            self._last = (now, in_flight)
+        if self._pause is None:
+            return self.backoff_ms()
+        self._pause = min(self.max_ms, self._pause * 2)
+        return self._pause
 
 
 class ClusterPartitionHandler:

@@ -40,6 +40,27 @@ def test_no_progress_falls_back_to_doubling_and_errors_back_off() -> None:
     assert pace.backoff_ms() == 40
 
 
+def test_a_look_that_finds_none_ended_since_waits_twice_its_last_pause() -> None:
+    """Partitions were ending (a group commits several at once): a look between two groups
+    finds none ended since, and the next waits twice the pause before it, not the doubling the
+    looks grew meanwhile (500 ms by then: a drain's end was seen up to half a second late)."""
+    pace = CheckPace(5, 500)
+    assert pace.next_ms(1024, 0.0) == 5
+    # One ended a millisecond, all along: look at half the time the rest needs.
+    looks = [(0.512, 512), (0.768, 256), (0.896, 128), (0.960, 64), (0.992, 32), (1.008, 16)]
+    assert [pace.next_ms(left, at) for at, left in looks] == pytest.approx(
+        [256, 128, 64, 32, 16, 8]
+    )
+    assert pace.next_ms(8, 1.016) == 5
+    # The last 8 are one group, still running: none ended since the last look.
+    assert pace.next_ms(8, 1.021) == pytest.approx(10)
+    assert pace.next_ms(8, 1.031) == pytest.approx(20)
+    # Measured from the last look that found some ended: 4 in 35 ms.
+    assert pace.next_ms(4, 1.051) == pytest.approx(17.5)
+    # Errors still back off on the doubling.
+    assert pace.backoff_ms() == 10
+
+
 def test_capped_at_the_check_interval() -> None:
     pace = CheckPace(5, 500)
     pace.next_ms(10_000, 0.0)
