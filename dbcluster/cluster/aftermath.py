@@ -15,6 +15,7 @@ removed), with one ERROR: a person must mend what the database refused.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from dbcluster.batch.fence import FencedError
@@ -48,8 +49,6 @@ class Slots(Protocol):
     @property
     def load(self) -> int: ...
 
-    def new_to_it(self, claimed: list[ClaimedPartition]) -> list[ClaimedPartition]: ...
-
     def submit(
         self, identity: Identity, claimed: list[ClaimedPartition], *, read_back: bool = False
     ) -> None: ...
@@ -71,17 +70,24 @@ class Aftermath:
         self.context = executor.context
         self.store = executor.store
 
-    def _until_read(self, identity: Identity) -> Retry:
-        """Tries of a read that must be made (what a landed claim won): every heartbeat
-        interval while the database's trouble passes (one WARNING for the whole wait), until
-        the node is fenced or leaves. Anything else (a statement the database refuses as it
-        is) is not waited out: it is raised."""
+    def _every_heartbeat(
+        self, identity: Identity, retry_on: Callable[[BaseException], bool]
+    ) -> Retry:
+        """Tries of work that must be done (what a landed claim won, an outcome to record):
+        every heartbeat interval after an error ``retry_on`` accepts (one WARNING for the whole
+        wait), until the node no longer acts under ``identity`` (:meth:`gone`); a fenced
+        write is never tried again."""
         return Retry.every(
             self.context.settings.heartbeat_interval / 1000,
-            lambda exc: not isinstance(exc, FencedError) and is_passing(self.store.provider, exc),
+            lambda exc: not isinstance(exc, FencedError) and retry_on(exc),
             give_up=lambda: self.gone(identity),
             on_retry=warn_once(log),
         )
+
+    def _until_read(self, identity: Identity) -> Retry:
+        """Tries of a read that must be made: while the database's trouble passes. Anything
+        else (a statement the database refuses as it is) is not waited out: it is raised."""
+        return self._every_heartbeat(identity, lambda exc: is_passing(self.store.provider, exc))
 
     def gone(self, identity: Identity) -> bool:
         """Whether the node no longer acts under ``identity``: fenced, leaving, or joined again
@@ -113,13 +119,6 @@ class Aftermath:
         except Exception as exc:  # noqa: BLE001 - see the docstring
             self._give_up(identity, "a claim that failed", exc)
             return []
-        new = self.executor.new_to_it(won)
-        if new:
-            log.info(
-                "node %s: a claim that failed had landed; it runs the %d partition(s) it won",
-                node_id,
-                len(new),
-            )
         return won
 
     def run_read_back(self, identity: Identity, ids: list[int]) -> None:
@@ -176,18 +175,9 @@ class Aftermath:
         on ``error``, what stopped it: a transferable partition that a database outage stopped
         is tried again while it has tries left."""
         identity = task.identity
-
-        def gone() -> bool:  # then its master decides
-            return identity.fenced.is_set() or self.context.stopping
-
-        if gone():
+        if self.gone(identity):  # then its master decides
             return
-        recording = Retry.every(
-            self.context.settings.heartbeat_interval / 1000,
-            lambda exc: not isinstance(exc, FencedError),
-            give_up=gone,
-            on_retry=warn_once(log),
-        )
+        recording = self._every_heartbeat(identity, lambda exc: True)
         try:
             recording.call(
                 lambda: self._record_after_error(task, error),

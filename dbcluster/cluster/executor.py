@@ -188,17 +188,18 @@ class Executor:
                 self._tasks[task.partition.step_execution_id] = task
         if not tasks:
             return []
+        if read_back:
+            log.info(
+                "node %s: a claim that failed had landed; it runs the %d partition(s) it won",
+                identity.node_id,
+                len(tasks),
+            )
         self.announce.claimed(identity.node_id, fresh, after)
         if self.on_claim is not None:
             self.on_claim(fresh)
         for task, won in zip(tasks, fresh, strict=True):
             task.preloaded = self.claimed.step_execution(won)
         return tasks
-
-    def new_to_it(self, claimed: list[ClaimedPartition]) -> list[ClaimedPartition]:
-        """Those of a read back claim's partitions this node would take (:meth:`take`)."""
-        with self._lock:
-            return self._new(claimed, True)
 
     def _new(self, claimed: list[ClaimedPartition], read_back: bool) -> list[ClaimedPartition]:
         """Those of ``claimed`` this node does not hold, each once (under the lock); those it

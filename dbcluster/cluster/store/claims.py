@@ -237,12 +237,10 @@ class Claims(Connector):
         that failed past its retries: a node removed meanwhile gets :class:`NodeRemovedError`
         rather than partitions its removal already gave their masters. Repeated on transient
         errors like any statement; the caller decides how long to wait for the database."""
-
-        def once() -> list[ClaimedPartition]:
-            with self.engine.connect() as conn:
-                return read_claimed_locked(self, conn, node_id, load, step_execution_ids)
-
-        return self.retry.call(once, "read back a claim")
+        return self.transaction(
+            lambda conn: read_claimed_locked(self, conn, node_id, load, step_execution_ids),
+            "read back a claim",
+        )
 
     def claimed_by(self, node_id: str, step_execution_ids: Sequence[int]) -> list[ClaimedPartition]:
         """Those of these partitions this node holds CLAIMED, with what the executor needs (as
@@ -394,14 +392,13 @@ def polled_and_leases(
 def read_claimed_locked(
     store: Claims, conn: Connection, node_id: str, load: int, ids: Sequence[int]
 ) -> list[ClaimedPartition]:
-    """Those of ``ids`` the node holds CLAIMED, read while its own row is locked: a node removed
-    meanwhile (its claims fenced under a new attempt in the transaction that deleted its row)
-    learns it here (:class:`NodeRemovedError`) instead of taking its partitions back under the
-    new attempt."""
-    with conn.begin():
-        store.touch_own_row(conn, node_id, load)
-        params = {"b_node": node_id, "b_ids": list(ids)}
-        return claimed_partitions(conn.execute(store._select_claimed(), params).mappings())
+    """Those of ``ids`` the node holds CLAIMED, read in ``conn``'s transaction while its own row
+    is locked: a node removed meanwhile (its claims fenced under a new attempt in the
+    transaction that deleted its row) learns it here (:class:`NodeRemovedError`) instead of
+    taking its partitions back under the new attempt."""
+    store.touch_own_row(conn, node_id, load)
+    params = {"b_node": node_id, "b_ids": list(ids)}
+    return claimed_partitions(conn.execute(store._select_claimed(), params).mappings())
 
 
 class PartitionClaim:
@@ -428,7 +425,9 @@ class PartitionClaim:
 
     def verify(self, conn: Connection) -> list[ClaimedPartition] | None:
         """What an unclear claim won (see :func:`read_claimed_locked`)."""
-        return read_claimed_locked(self.store, conn, self.node_id, self.load, self.ids) or None
+        with conn.begin():
+            found = read_claimed_locked(self.store, conn, self.node_id, self.load, self.ids)
+        return found or None
 
     def at_once(self, conn: Connection) -> list[ClaimedPartition]:
         """The whole claim in one statement (on the autocommit engine)."""
