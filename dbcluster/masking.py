@@ -45,14 +45,24 @@ _KEY_VALUE = re.compile(
 )
 #: Text without any of these holds nothing _USERINFO or _KEY_VALUE could match.
 _MARKS = ("@", "=", ":", "%3")
+#: ASCII text whose lower case holds none of these has no key _KEY_VALUE could match (each of
+#: its keys contains one). Text beyond ASCII always goes through it: under IGNORECASE a few
+#: other letters match ASCII ones (the long s, the Kelvin sign).
+_KEY_WORDS = ("pass", "pwd", "secret", "token", "api")
 
 
 def mask_secrets(text: str) -> str:
-    """``text`` with every password it shows replaced by ``***`` (see the module's doc)."""
+    """``text`` with every password it shows replaced by ``***`` (see the module's doc).
+
+    Each pattern runs only where it could match: every log line passes here, and a line with
+    a ``:`` cost ~70 µs through both (a grouped drain's worker spent 7% of its Python there)."""
     if not any(mark in text for mark in _MARKS):
         return text
-    text = _USERINFO.sub(lambda m: f"{m.group('lead')}:{MASK}@", text)
-    return _KEY_VALUE.sub(_mask_value, text)
+    if "@" in text:
+        text = _USERINFO.sub(lambda m: f"{m.group('lead')}:{MASK}@", text)
+    if not text.isascii() or any(word in text.lower() for word in _KEY_WORDS):
+        text = _KEY_VALUE.sub(_mask_value, text)
+    return text
 
 
 def _mask_value(found: re.Match[str]) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import logging
+import random
 from pathlib import Path
 
 import pytest
@@ -87,6 +88,66 @@ def test_text_without_a_password_is_left_alone() -> None:
         "sqlite:///tmp/x.db",
     ):
         assert mask_secrets(text) == text
+
+
+def test_skipping_a_pattern_that_cannot_match_changes_nothing() -> None:
+    """mask_secrets runs each pattern only where it could match (a log line costs ~70 µs
+    through both); on any text it gives what both patterns, run unconditionally, give."""
+    from dbcluster import masking
+
+    def unconditional(text: str) -> str:
+        text = masking._USERINFO.sub(lambda m: f"{m.group('lead')}:{masking.MASK}@", text)
+        return masking._KEY_VALUE.sub(masking._mask_value, text)
+
+    pieces = [
+        "node",
+        " ",
+        ":",
+        "@",
+        "=",
+        "%3D",
+        "%3B",
+        ";",
+        "'",
+        '"',
+        "{",
+        "}",
+        "/",
+        "://",
+        "x",
+        "etl",
+        "s3cret",
+        "password",
+        "PassWord",
+        "PWD",
+        "pass",
+        "bypass",
+        "token",
+        "Api_Key",
+        "apikey",
+        "secret",
+        "passphrase",
+        "passwd",
+        "paſſword",
+        "K",
+        "pwd",
+        "(",
+        ")",
+        ",",
+        "partition p3 (12, attempt 1)",
+        "postgresql://",
+        "host",
+        "é",
+    ]
+    rng = random.Random(35)
+    texts = [
+        "node bench0-7f3a claimed 8 partitions: p1 (1001, attempt 1), p2 (1002, attempt 1)",
+        "node bench0-7f3a completed 2 partitions in one transaction: p1 (1), p2 (2)",
+        "paſſword=s3cret",
+    ]
+    texts += ["".join(rng.choice(pieces) for _ in range(rng.randint(1, 14))) for _ in range(20000)]
+    for text in texts:
+        assert mask_secrets(text) == unconditional(text), text
 
 
 def test_a_url_that_does_not_parse_is_refused_without_its_password() -> None:
