@@ -187,6 +187,11 @@ class QueryProvider(
     #: protocol's multi-statement capability): a node's poll and its heartbeat then share a
     #: round trip where the database has no single statement for both.
     supports_statement_pairs: ClassVar[bool] = False
+    #: The database hands a deleted newest row's id out again (SQLite's rowid tables without
+    #: ``AUTOINCREMENT``: the next id is the largest left plus one). Nodes remember job
+    #: executions by id (a worker's job cache, stop requests), so the pruner never deletes the
+    #: newest job execution here: an execution id, once handed out, is never handed out again.
+    reuses_ids: ClassVar[bool] = False
     #: Pooled connections of a network database are pinged before use when they sat idle longer
     #: than this (seconds); a connection used moments ago is not.
     ping_idle_after_s: ClassVar[float] = 5.0

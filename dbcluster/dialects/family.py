@@ -67,6 +67,7 @@ class StatementFamily:
         supports_skip_locked: ClassVar[bool]
         supports_multi_table_update: ClassVar[bool]
         scripts_commit: ClassVar[bool]
+        reuses_ids: ClassVar[bool]
 
         def now(self) -> ColumnElement[datetime]: ...
 

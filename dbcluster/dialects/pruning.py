@@ -29,7 +29,10 @@ class PruningStatements(StatementFamily):
         status is one of ``statuses``, it ended more than ``age_ms`` before the database
         clock, no coordination row of it is in flight, and the newest execution of its
         instance is ``completed`` (an instance whose newest execution is anything else may be
-        restarted, and a restart reads every earlier execution of the instance)."""
+        restarted, and a restart reads every earlier execution of the instance); and, where
+        the database hands a deleted newest row's id out again
+        (:attr:`~dbcluster.dialects.base.QueryProvider.reuses_ids`), it is not the newest
+        execution of all."""
         je = schema.job_execution
         newest = schema.job_execution.alias("prune_newest")
         top = schema.job_execution.alias("prune_top")
@@ -39,7 +42,13 @@ class PruningStatements(StatementFamily):
             .correlate(newest)
             .scalar_subquery()
         )
+        kept_newest = []
+        if self.reuses_ids:
+            last = schema.job_execution.alias("prune_last")
+            newest_of_all = select(func.max(last.c.job_execution_id)).scalar_subquery()
+            kept_newest.append(je.c.job_execution_id < newest_of_all)
         return [
+            *kept_newest,
             je.c.status.in_(list(statuses)),
             self.older_than(je.c.end_time, age_ms),
             ~exists().where(

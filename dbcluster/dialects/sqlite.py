@@ -29,6 +29,9 @@ class SQLiteProvider(QueryProvider):
     can_create_database = False
     drivers: ClassVar[dict[str, str]] = {}
     network_backend = False
+    #: Its id columns are rowid aliases without ``AUTOINCREMENT``: a deleted newest row's id
+    #: comes back.
+    reuses_ids = True
     #: ``INSERT ... ON CONFLICT DO UPDATE``.
     min_server_version = (3, 24)
 

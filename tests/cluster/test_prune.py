@@ -64,6 +64,19 @@ def _rows(w: Written, partitions: int, params: int = 2, coordination: bool = Tru
     }
 
 
+def _young_last(backend: Backend) -> Written:
+    """A young execution (no policy here prunes it), written after the ones a test prunes: the
+    newest of all, which a database that hands a deleted newest row's id out again (SQLite)
+    never prunes (see :func:`test_the_newest_execution_is_kept_where_ids_come_back`), so the
+    older ones are prunable alike on every database."""
+    return add_execution(backend.engine, "young", "last", ended_ago=DAY, partitions_count=1)
+
+
+def _left(young: Written) -> dict[str, int]:
+    """What remains once everything but :func:`_young_last`'s execution is pruned."""
+    return {**{t: 0 for t in TABLES}, **_rows(young, 1), "batch_job_instance": 1}
+
+
 def test_keeps_what_it_must_and_deletes_the_rest(backend: Backend) -> None:
     e = backend.engine
     # Deleted: a completed instance (its instance goes too), and a failed-then-completed one.
@@ -148,6 +161,7 @@ def test_keep_last_and_status_filter(backend: Backend) -> None:
 def test_stops_between_transactions_and_finishes_later(backend: Backend) -> None:
     e = backend.engine
     written = [add_execution(e, "batchy", f"k{i}", partitions_count=5) for i in range(3)]
+    young = _young_last(backend)
     pruning = Pruning(CoordinationStore(e))
     policy = PrunePolicy(older_than_ms=MONTH_MS, batch_size=2)
     asked = 0
@@ -166,7 +180,7 @@ def test_stops_between_transactions_and_finishes_later(backend: Backend) -> None
     assert part.counts["batch_step_execution"] + rest.counts["batch_step_execution"] == 18
     assert rest.counts["batch_job_execution"] == 3
     assert sorted(rest.executions) == [w.execution_id for w in written]
-    assert _counts(backend) == {t: 0 for t in TABLES}
+    assert _counts(backend) == _left(young)
 
 
 def test_asks_whether_to_go_on_before_every_transaction_but_its_opening_reads(
@@ -179,6 +193,7 @@ def test_asks_whether_to_go_on_before_every_transaction_but_its_opening_reads(
     e = backend.engine
     for i in range(3):
         add_execution(e, "batchy", f"k{i}", partitions_count=2)
+    young = _young_last(backend)
     store = CoordinationStore(e)
     pruning = Pruning(store)
     seen: list[str] = []
@@ -197,7 +212,7 @@ def test_asks_whether_to_go_on_before_every_transaction_but_its_opening_reads(
     assert result.finished and len(result.executions) == 3
     unasked = [after for before, after in pairwise(seen) if "asked" not in (before, after)]
     assert unasked == ["prune read steps"], seen
-    assert _counts(backend) == {t: 0 for t in TABLES}
+    assert _counts(backend) == _left(young)
 
 
 class _Recorder(ClusterEvents):
@@ -226,6 +241,7 @@ def test_pruners_on_two_nodes_prune_one_at_a_time(backend: Backend) -> None:
     events = _Recorder()
     nodes = [_leased(CoordinationStore(e), settings, events, f"pruner-{n}") for n in range(2)]
     add_execution(e, "nightly", "a", partitions_count=2)
+    young = _young_last(backend)
     # Both nodes look for the lease at once: one takes it, and only its pruner prunes.
     barrier = threading.Barrier(2)
 
@@ -247,10 +263,10 @@ def test_pruners_on_two_nodes_prune_one_at_a_time(backend: Backend) -> None:
     assert winner == f"pruner-{held.index(True)}"
     assert events.pruned_by[0][1]["batch_job_execution"] == 1
     # While the winner holds the lease, the other node prunes nothing.
-    add_execution(e, "nightly", "b", partitions_count=1)
+    b = add_execution(e, "nightly", "b", partitions_count=1)
     nodes[held.index(False)][1].run_once()
     assert len(events.pruned_by) == 1
-    assert len(_executions(backend)) == 1
+    assert _executions(backend) == {young.execution_id, b.execution_id}
 
 
 def test_a_pruner_that_loses_its_lease_mid_prune_stops_and_another_takes_it(
@@ -421,18 +437,60 @@ def test_a_pruned_repository_still_restarts_a_failed_job(backend: Backend) -> No
     done = launcher.run(plain, {"day": "2026-10-01"})
     assert done.status is BatchStatus.COMPLETED
     _age_all(backend)
+    young = _young_last(backend)
     pruning = Pruning(CoordinationStore(backend.engine))
     policy = PrunePolicy(older_than_ms=MONTH_MS)
     assert pruning.prune(policy).executions == [done.id]
-    assert _executions(backend) == {first.id}
+    assert _executions(backend) == {first.id, young.execution_id}
 
     fail["two"] = False
     runs.clear()
     second = launcher.run(flaky, {"day": "2026-10-01"})
     assert second.status is BatchStatus.COMPLETED
     assert runs == ["two"], "the restart skipped the step the pruned-around execution completed"
-    _age_all(backend)
+    _age_all(backend)  # the young execution too: it goes now, a younger one stands last
+    younger = _young_last(backend)
     gone = pruning.prune(policy)
-    assert sorted(gone.executions) == sorted([first.id, second.id])
+    assert sorted(gone.executions) == sorted([first.id, second.id, young.execution_id])
     assert gone.counts["batch_job_instance"] == 1
-    assert _counts(backend) == {t: 0 for t in TABLES}
+    assert _counts(backend) == _left(younger)
+
+
+def test_the_newest_execution_is_kept_where_ids_come_back(backend: Backend) -> None:
+    """Where the database hands a deleted newest row's id out again (SQLite), the newest
+    execution of all is never pruned, so no execution id is ever handed out twice; elsewhere
+    it goes like any other."""
+    e = backend.engine
+    older = add_execution(e, "nightly", "a", partitions_count=1)
+    newest = add_execution(e, "nightly", "b", partitions_count=1)
+    gone = Pruning(CoordinationStore(e)).prune(PrunePolicy(older_than_ms=MONTH_MS))
+    if backend.provider.reuses_ids:
+        assert gone.executions == [older.execution_id]
+        assert _executions(backend) == {newest.execution_id}
+    else:
+        assert sorted(gone.executions) == [older.execution_id, newest.execution_id]
+        assert _executions(backend) == set()
+    later = add_execution(e, "nightly", "c", partitions_count=1)
+    assert later.execution_id > newest.execution_id
+
+
+def test_a_job_launched_after_a_prune_runs_with_its_own_parameters(
+    backend: Backend, make_cluster: Any
+) -> None:
+    """A worker remembers the job executions of the partitions it ran, by id. A prune that
+    took every execution once let SQLite hand the next launch the pruned one's id, and the
+    worker ran the new job's partitions with the old job's parameters and context."""
+    from dbcluster.batch.status import BatchStatus
+    from dbcluster.testing.app import FAST_SETTINGS
+
+    master = make_cluster(FAST_SETTINGS, work=False)
+    worker = make_cluster(FAST_SETTINGS)
+    first = master.launch("ledger", {"run": 1})
+    assert first.status is BatchStatus.COMPLETED
+    Pruning(master.node.store).prune(PrunePolicy(older_than_ms=0))
+    second = master.launch("ledger", {"run": 2})
+    assert second.status is BatchStatus.COMPLETED
+    assert worker.node.worker is not None
+    seen = worker.node.worker.executor.claimed._jobs[second.id]
+    assert seen.parameters == second.parameters, "the partitions ran with the old parameters"
+    assert second.id != first.id
