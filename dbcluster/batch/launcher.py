@@ -152,7 +152,8 @@ class JobLauncher:
 
         def created(conn: Connection) -> bool:
             # A commit whose acknowledgement was lost: it took effect if the execution that try
-            # made exists (an id is never made twice).
+            # made exists (a committed execution's id is never made again; on SQLite, whose
+            # commits have no acknowledgement to lose, an id an insert rolled back can be).
             return bool(made) and repository.get_job_execution(made[0].id, conn) is not None
 
         for attempt in range(2):

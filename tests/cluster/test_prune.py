@@ -189,7 +189,7 @@ def test_asks_whether_to_go_on_before_every_transaction_but_its_opening_reads(
     """A pruner whose lease lapsed begins nothing after the transaction it is in: between two
     transactions it asks whether to go on, but for the prune's opening reads (the candidates and
     the first slice's step ids, which its caller asked just before). It read the next slice's
-    step ids, and deleted the empty instances in a transaction of their own, unasked."""
+    step ids unasked (the empty instances go in their executions' transaction)."""
     e = backend.engine
     for i in range(3):
         add_execution(e, "batchy", f"k{i}", partitions_count=2)
