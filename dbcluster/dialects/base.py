@@ -189,10 +189,10 @@ class QueryProvider(
     supports_statement_pairs: ClassVar[bool] = False
     #: The database hands a deleted newest row's id out again (SQLite's rowid tables without
     #: ``AUTOINCREMENT``: the next id is the largest left plus one). Nodes remember job
-    #: executions by id (a worker's job cache, stop requests), so the pruner never deletes the
-    #: newest job execution here: a committed execution's id is never handed out again. Step
-    #: execution and job instance ids still can be; what a node keys by a step execution id is
-    #: a partition it holds now, or names its job execution too.
+    #: and step executions by id (a worker's job cache and the partitions it holds, stop
+    #: requests), so the pruner never deletes the newest job execution here, nor the one that
+    #: holds the newest step execution: a committed execution's or step execution's id is never
+    #: handed out again. Job instance ids still can be; nothing keeps those.
     reuses_ids: ClassVar[bool] = False
     #: Pooled connections of a network database are pinged before use when they sat idle longer
     #: than this (seconds); a connection used moments ago is not.

@@ -31,8 +31,8 @@ class PruningStatements(StatementFamily):
         instance is ``completed`` (an instance whose newest execution is anything else may be
         restarted, and a restart reads every earlier execution of the instance); and, where
         the database hands a deleted newest row's id out again
-        (:attr:`~dbcluster.dialects.base.QueryProvider.reuses_ids`), it is not the newest
-        execution of all."""
+        (:attr:`~dbcluster.dialects.base.QueryProvider.reuses_ids`), it is neither the newest
+        execution of all nor the one that holds the newest step execution of all."""
         je = schema.job_execution
         newest = schema.job_execution.alias("prune_newest")
         top = schema.job_execution.alias("prune_top")
@@ -46,7 +46,19 @@ class PruningStatements(StatementFamily):
         if self.reuses_ids:
             last = schema.job_execution.alias("prune_last")
             newest_of_all = select(func.max(last.c.job_execution_id)).scalar_subquery()
-            kept_newest.append(je.c.job_execution_id < newest_of_all)
+            se, last_step = schema.step_execution, schema.step_execution.alias("prune_last_step")
+            newest_step = select(func.max(last_step.c.step_execution_id)).scalar_subquery()
+            owner_of_newest_step = (
+                select(se.c.job_execution_id)
+                .where(se.c.step_execution_id == newest_step)
+                .scalar_subquery()
+            )
+            kept_newest += [
+                je.c.job_execution_id < newest_of_all,
+                # A step execution may be made after a later execution's (a long job's next
+                # step): its execution keeps the newest step execution id from coming back.
+                je.c.job_execution_id != func.coalesce(owner_of_newest_step, -1),
+            ]
         return [
             *kept_newest,
             je.c.status.in_(list(statuses)),

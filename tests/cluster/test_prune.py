@@ -474,6 +474,41 @@ def test_the_newest_execution_is_kept_where_ids_come_back(backend: Backend) -> N
     assert later.execution_id > newest.execution_id
 
 
+def test_the_newest_step_execution_is_kept_where_ids_come_back(backend: Backend) -> None:
+    """An execution that made a step execution after a later execution's (a long job's next
+    step) holds the newest step execution id: where ids come back (SQLite) it is not pruned
+    either, so no step execution id is handed out twice (a node keys the partitions it holds
+    by it); elsewhere it goes."""
+    e = backend.engine
+    long_job = add_execution(e, "long", "a", partitions_count=1)
+    newest = add_execution(e, "short", "b", partitions_count=1)
+    se = schema.step_execution
+    with e.begin() as conn:
+        old = conn.execute(
+            select(se.c.create_time).where(se.c.job_execution_id == long_job.execution_id)
+        ).scalar()
+        conn.execute(
+            se.insert().values(
+                version=1,
+                step_name="long.worker:p9",
+                job_execution_id=long_job.execution_id,
+                create_time=old,
+                status="COMPLETED",
+            )
+        )
+        newest_step = conn.execute(select(func.max(se.c.step_execution_id))).scalar_one()
+    gone = Pruning(CoordinationStore(e)).prune(PrunePolicy(older_than_ms=MONTH_MS))
+    if backend.provider.reuses_ids:
+        assert gone.executions == []
+        assert _executions(backend) == {long_job.execution_id, newest.execution_id}
+    else:
+        assert sorted(gone.executions) == [long_job.execution_id, newest.execution_id]
+    add_execution(e, "other", "c", partitions_count=1)
+    with e.connect() as conn:
+        made = conn.execute(select(func.max(se.c.step_execution_id))).scalar_one()
+    assert made > newest_step
+
+
 def test_a_job_launched_after_a_prune_runs_with_its_own_parameters(
     backend: Backend, make_cluster: Any
 ) -> None:
