@@ -69,6 +69,31 @@ def demo(nodes: int, url: str | None, verbose: bool) -> None:
     sys.exit(run_demo(nodes=nodes, url=url, verbose=verbose))
 
 
+#: The only variable of the caller's ``DBCLUSTER_*`` the demo's workers keep: how long to wait a
+#: database outage out. The others steer a real deployment (its log level, its settings, its
+#: listening URL); the demo runs on its own, as its master does, and reads its workers' INFO
+#: lines (a caller's ``DBCLUSTER_LOG_LEVEL=warning`` left it waiting for workers that had
+#: joined, then failing).
+KEPT_FROM_CALLER = ("DBCLUSTER_CONNECT_TIMEOUT",)
+
+
+def worker_env(url: str, name: str) -> dict[str, str]:
+    """The environment of the demo's worker ``name`` on ``url``."""
+    own = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("DBCLUSTER_") or k in KEPT_FROM_CALLER
+    }
+    return {
+        **own,
+        **DEMO_SETTINGS,
+        "DBCLUSTER_URL": url,
+        "DBCLUSTER_NODE_ID_PREFIX": name,
+        "DBCLUSTER_LOG_LEVEL": "info",
+        "DBCLUSTER_LOG_FORMAT": "text",
+    }
+
+
 class Workers:
     """``dbcluster worker`` subprocesses, stopped by pid whatever happens."""
 
@@ -79,13 +104,12 @@ class Workers:
         self.logs: dict[str, Path] = {}
 
     def start(self, name: str) -> subprocess.Popen[bytes]:
-        env = {**os.environ, **DEMO_SETTINGS, "DBCLUSTER_URL": self.url}
         log = self.log_dir / f"{name}.log"
         self.logs[name] = log
         with open(log, "wb") as out:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "dbcluster.cli", "worker", "--app", APP],
-                env={**env, "DBCLUSTER_NODE_ID_PREFIX": name},
+                env=worker_env(self.url, name),
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=out,

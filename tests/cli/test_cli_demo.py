@@ -13,10 +13,10 @@ from dbcluster.demo import demo_metadata
 from dbcluster.testing.backends import Backend
 
 
-def run_demo(*args: str) -> tuple[subprocess.CompletedProcess[str], float]:
+def run_demo(*args: str, **env: str) -> tuple[subprocess.CompletedProcess[str], float]:
     began = time.monotonic()
     proc = subprocess.run(
-        cli("demo", *args), capture_output=True, text=True, timeout=120, env=cli_env()
+        cli("demo", *args), capture_output=True, text=True, timeout=120, env=cli_env(**env)
     )
     return proc, time.monotonic() - began
 
@@ -42,6 +42,19 @@ def test_demo_on_a_fresh_sqlite_file() -> None:
     proc, took = run_demo()
     check_output(proc)
     assert took < 60
+
+
+def test_the_demo_does_not_take_the_callers_deployment_settings() -> None:
+    """A caller whose shell carries a deployment's settings (a quieter log level, JSON logs, a
+    slot count) runs the same demo: its workers neither inherit them nor depend on them. With
+    ``DBCLUSTER_LOG_LEVEL=warning`` it used to wait 60 s for workers that had joined (it reads
+    their INFO lines), then fail."""
+    proc, _ = run_demo(
+        DBCLUSTER_LOG_LEVEL="warning",
+        DBCLUSTER_LOG_FORMAT="json",
+        DBCLUSTER_CONCURRENCY_LIMIT="1",
+    )
+    check_output(proc)
 
 
 @pytest.mark.backends("postgresql")
