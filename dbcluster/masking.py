@@ -60,9 +60,13 @@ def mask_secrets(text: str) -> str:
         return text
     if "@" in text:
         text = _USERINFO.sub(lambda m: f"{m.group('lead')}:{MASK}@", text)
-    if not text.isascii() or any(word in text.lower() for word in _KEY_WORDS):
+    if not text.isascii() or _has_key_word(text.lower()):
         text = _KEY_VALUE.sub(_mask_value, text)
     return text
+
+
+def _has_key_word(lowered: str) -> bool:
+    return any(word in lowered for word in _KEY_WORDS)
 
 
 def _mask_value(found: re.Match[str]) -> str:
