@@ -395,20 +395,34 @@ def transfer_while_parked(
     launch's and the failure's :func:`~dbcluster.testing.waiting.in_thread` dicts (the failure's
     ``moved`` gets the rows it changed once it committed) and the job execution's id."""
     from dbcluster.dialects import get_provider
+    from dbcluster.retry import Retry
     from dbcluster.testing.waiting import in_thread
 
     moved: list[int] = []
     with points.parked(point, match) as park:
         run = in_thread(launch)
         job_id = int(park.wait()[0]["step_execution"].job_execution.id)
-        statement = get_provider(engine).fail_job_partitions(job_id)
+        provider = get_provider(engine)
+        statement = provider.fail_job_partitions(job_id)
+        # As a master's transaction does, it tries again after an error the database says to
+        # repeat: once, on a Galera node, the waiting UPDATE ended as a deadlock (1213) when the
+        # parked transaction committed. The dict's ``tries`` counts its tries; a repetition may
+        # find the partition already finished (``moved`` [0]).
+        again = Retry(provider.is_transient, deadline_s=20)
+        tries: list[int] = []
+
+        def fail_once() -> None:
+            tries.append(1)
+            with engine.begin() as conn:
+                count = conn.execute(statement).rowcount
+            moved.append(count)
 
         def fail() -> None:
-            with engine.begin() as conn:
-                moved.append(conn.execute(statement).rowcount)
+            again.call(fail_once, "failing the job's partitions")
 
         transfer = in_thread(fail)
         transfer["moved"] = moved
+        transfer["tries"] = tries
         transfer["thread"].join(0.4)
         assert transfer["thread"].is_alive() and not moved, (
             f"the partition was failed while {holder} held it"

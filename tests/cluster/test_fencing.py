@@ -216,8 +216,9 @@ def test_a_transfer_waits_for_the_chunk_that_holds_its_partition(
     assert not commits_out_of_order(backend)
     if moved == [0]:
         # SQLite's lock is no queue: the worker may go on and finish before the waiting writer
-        # gets the lock. The transfer then finds nothing in flight.
-        assert backend.provider.network_backend is False
+        # gets the lock. The transfer then finds nothing in flight. So may a failure tried
+        # again after a deadlock (seen once on a Galera node): the partition finished between.
+        assert backend.provider.network_backend is False or len(transfer["tries"]) > 1
         assert first.status is BatchStatus.COMPLETED
     else:
         # The held chunk committed before the partition was failed: items 0-9 at least, each
