@@ -136,8 +136,16 @@ def reset() -> None:
         counts.clear()
 
 
+class Encoded(str):
+    """A section's value already in JSON (see :func:`also_dump`): a section that only grows
+    encodes what is new since the last dump instead of all of it on every dump."""
+
+    __slots__ = ()
+
+
 def also_dump(name: str, section: Callable[[], Any] | None) -> None:
-    """Have :func:`dump` write ``section()`` under ``name`` too (None: no more)."""
+    """Have :func:`dump` write ``section()`` under ``name`` too (None: no more); a section may
+    answer :class:`Encoded` JSON."""
     if section is None:
         _sections.pop(name, None)
     else:
@@ -151,11 +159,14 @@ def dump(path: str | Path) -> None:
     tmp = target.with_suffix(".tmp")
     round_trips = trace.counts.snapshot() if trace is not None else {}
     more = {name: section() for name, section in list(_sections.items())}
-    tmp.write_text(
-        json.dumps(
-            {"at": time.time(), "statements": snapshot(), "round_trips": round_trips, **more}
-        )
+    plain = {name: value for name, value in more.items() if not isinstance(value, Encoded)}
+    text = json.dumps(
+        {"at": time.time(), "statements": snapshot(), "round_trips": round_trips, **plain}
     )
+    encoded = [f"{json.dumps(name)}: {value}" for name, value in more.items() if name not in plain]
+    if encoded:
+        text = f"{text[:-1]}, {', '.join(encoded)}}}"
+    tmp.write_text(text)
     os.replace(tmp, target)
 
 

@@ -63,13 +63,19 @@ def test_a_worker_records_claimed_partitions_by_their_ids(tmp_path: Path) -> Non
     path = tmp_path / "worker-0.json"
     marks = stages.record_worker()
     try:
+        counting.dump(path)
+        assert counting.read_file(path)[stages.SECTION] == []
         points.reach("node.offered", node_id="n", partitions=[42])
+        counting.dump(path)  # each dump encodes only the marks new since the one before
         points.reach("node.claimed", node_id="n", partitions=[Claimed()])
+        counting.dump(path)
         counting.dump(path)
     finally:
         stages.stop_worker(marks)
     assert not points._handlers
-    found = counting.read_file(path)[stages.SECTION]
+    written = counting.read_file(path)
+    assert "statements" in written and "at" in written
+    found = written[stages.SECTION]
     assert [(point, ids, node) for point, _, ids, node in found] == [
         ("node.offered", [42], "n"),
         ("node.claimed", [42], "n"),
