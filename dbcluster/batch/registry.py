@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -173,6 +174,12 @@ def load_registry(reference: str) -> JobRegistry:
                 f"{module_name!r} has no attribute {attribute!r} (registry {reference!r})"
             ) from None
     if callable(target) and not isinstance(target, (JobRegistry, Job)):
+        if not _callable_without_arguments(target):
+            raise RegistryLoadError(
+                f"{reference!r} is a {type(target).__name__} that takes arguments; --app names a "
+                "JobRegistry, a Job, a list of jobs or a callable without arguments returning "
+                "one (e.g. myjobs:registry)"
+            )
         target = target()
     if isinstance(target, JobRegistry):
         return target
@@ -183,6 +190,18 @@ def load_registry(reference: str) -> JobRegistry:
     raise RegistryLoadError(
         f"{reference!r} is a {type(target).__name__}, not a JobRegistry, a Job or a list of jobs"
     )
+
+
+def _callable_without_arguments(target: Callable[..., object]) -> bool:
+    """Whether ``target()`` binds: a job function or a class that needs arguments is named by
+    mistake, and calling it would end in a TypeError from deep inside."""
+    try:
+        inspect.signature(target).bind()
+    except TypeError:
+        return False
+    except ValueError:  # no signature to read (some builtins): let the call decide
+        return True
+    return True
 
 
 def _current_directory_on_path() -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from dbcluster.batch import (
     BatchStatus,
+    ChunkContext,
     ChunkStep,
     ContextValueError,
     ExecutionContext,
@@ -167,6 +168,8 @@ def test_load_registry_from_module_attribute() -> None:
     module.registry = JobRegistry([_sample_job()])  # type: ignore[attr-defined]
     module.make = lambda: [_sample_job()]  # type: ignore[attr-defined]
     module.other = 3  # type: ignore[attr-defined]
+    module.step_function = lambda ids, ctx: None  # type: ignore[attr-defined]
+    module.Context = ChunkContext  # type: ignore[attr-defined]
     sys.modules["dbcluster_test_jobs"] = module
     try:
         assert load_registry("dbcluster_test_jobs:registry").get_job("sample")
@@ -179,6 +182,11 @@ def test_load_registry_from_module_attribute() -> None:
             load_registry("dbcluster_test_jobs:other")
         with pytest.raises(RegistryLoadError, match="cannot import"):
             load_registry("no_such_module_xyz:registry")
+        # A job's function or a class needing arguments: one line, not a TypeError from within.
+        with pytest.raises(RegistryLoadError, match="function that takes arguments"):
+            load_registry("dbcluster_test_jobs:step_function")
+        with pytest.raises(RegistryLoadError, match="type that takes arguments"):
+            load_registry("dbcluster_test_jobs:Context")
     finally:
         del sys.modules["dbcluster_test_jobs"]
 
