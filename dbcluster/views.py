@@ -26,7 +26,14 @@ from rich.table import Table
 from sqlalchemy import Engine
 
 from dbcluster.masking import mask_secrets
-from dbcluster.monitor import ClusterStatus, JobDetail, JobRow, partition_progress, utc_iso
+from dbcluster.monitor import (
+    ClusterStatus,
+    JobDetail,
+    JobRow,
+    PartitionRow,
+    partition_progress,
+    utc_iso,
+)
 from dbcluster.states import (
     PARTITION_COMPLETED,
     PARTITION_FAILED,
@@ -173,12 +180,26 @@ def job_renderables(detail: JobDetail) -> list[Any]:
             str(s.commit_count),
             fmt_duration(s.start_time, s.end_time),
         )
+    failed = _failed_partitions(detail)
+    failures = Table(title=f"Failures ({len(failed)})", title_justify="left")
+    for name in ("partition", "node", "attempt", "reason"):
+        failures.add_column(name, justify="right" if name == "attempt" else "left")
+    for p in failed:
+        failures.add_row(p.name, p.node or "-", str(p.attempt), mask_secrets(p.exit_message or "-"))
     masters = Table(title=f"Masters ({len(detail.masters)})", title_justify="left")
     for name in ("epoch", "node", "how", "since"):
         masters.add_column(name, justify="right" if name == "epoch" else "left")
     for m in detail.masters:
         masters.add_row(str(m.epoch), m.node, m.reason, fmt_time(m.since))
-    return [head, parts, steps, masters]
+    return [head, parts, *([failures] if failed else []), steps, masters]
+
+
+#: The failed partitions a launch's summary names with their reasons; `dbcluster job` has all.
+SUMMARY_FAILURES = 5
+
+
+def _failed_partitions(detail: JobDetail) -> list[PartitionRow]:
+    return [p for p in detail.partitions if p.status == PARTITION_FAILED]
 
 
 def summary_lines(detail: JobDetail, elapsed_s: float | None = None) -> list[str]:
@@ -209,6 +230,18 @@ def summary_lines(detail: JobDetail, elapsed_s: float | None = None) -> list[str
             lines.append(
                 "  completed per node: "
                 + ", ".join(f"{n} {c}" for n, c in sorted(per_node.items()))
+            )
+        # Why they failed: the job's reason names the partitions only.
+        failed = _failed_partitions(detail)
+        for p in failed[:SUMMARY_FAILURES]:
+            lines.append(
+                f"  failed {p.name} on {short_node(p.node)} (attempt {p.attempt}): "
+                + mask_secrets(p.exit_message or "no reason recorded")
+            )
+        if len(failed) > SUMMARY_FAILURES:
+            lines.append(
+                f"  ... and {len(failed) - SUMMARY_FAILURES} more failed: "
+                f"dbcluster job {detail.job_execution_id}"
             )
     return lines
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import re
+import subprocess
 from pathlib import Path
 
 import pytest
-from cli_helpers import APP, run_cli
+from cli_helpers import APP, cli, cli_env, run_cli
 
 from dbcluster.batch import JobRepository
 from dbcluster.dialects import make_engine
@@ -172,3 +175,36 @@ def test_an_in_process_command_leaves_the_url_out_of_the_environment(
         main(["init", "--url", f"sqlite:///{tmp_path / 'jobs.db'}"])
     assert exit_.value.code == 0
     assert "DBCLUSTER_URL" not in os.environ
+
+
+FAILING_APP = """
+from dbcluster import ChunkContext, JobRegistry
+
+registry = JobRegistry()
+
+
+@registry.partitioned_job(ids=range(1, 100), partitions=2, chunk_size=10)
+def boom(ids: range, ctx: ChunkContext) -> None:
+    if ids[0] > 50:
+        raise ValueError(f"bad row {ids[0]}")
+"""
+
+
+def test_a_failed_partition_s_reason_is_in_the_summary_and_in_job(tmp_path: Path) -> None:
+    """The job's own reason names the partitions that failed, not why: the launch's summary and
+    `dbcluster job` give each failed partition's exception (it was only in `job --json`)."""
+    (tmp_path / "failing.py").write_text(FAILING_APP)
+    url = f"sqlite:///{tmp_path / 'jobs.db'}"
+    env = cli_env(DBCLUSTER_URL=url)
+    run = functools.partial(subprocess.run, capture_output=True, text=True, env=env, timeout=60)
+    assert run(cli("init"), cwd=tmp_path).returncode == 0
+    launched = run(cli("launch", "-q", "--app", "failing:registry", "boom"), cwd=tmp_path)
+    assert launched.returncode == 1, launched.stderr
+    assert "FAILED" in launched.stdout
+    assert "failed boom-slice" not in launched.stdout  # partitions by name, not step name
+    assert re.search(
+        r"failed ids-50-100 on \S+ \(attempt 1\): ValueError: bad row 60", launched.stdout
+    ), launched.stdout
+    shown = run(cli("job", "1"), cwd=tmp_path, env={**env, "COLUMNS": "200"})
+    assert shown.returncode == 0, shown.stderr
+    assert "Failures (1)" in shown.stdout and "ValueError: bad row 60" in shown.stdout
