@@ -202,10 +202,29 @@ def check_driver(url: URL, provider: type[QueryProvider]) -> None:
                 f"the driver {driver!r} for {provider.name} is installed but cannot load the "
                 f"system library {name}; install {what}"
             ) from exc
+        installed = _installed_driver(url, provider) if "+" not in url.drivername else None
+        if installed is not None:
+            # mysql:// means SQLAlchemy's default (mysqlclient); the extra the docs name
+            # installed another: the URL is what to change, not what to install.
+            raise MissingDriverError(
+                f"the driver {driver!r} that {url.drivername}:// means is not installed, but "
+                f"{installed!r} is: use {url.drivername}+{installed}:// in the URL"
+            ) from exc
         raise MissingDriverError(
             f"the driver {driver!r} for {provider.name} is not installed; "
             f"{provider.driver_install_hint(driver)}"
         ) from exc
+
+
+def _installed_driver(url: URL, provider: type[QueryProvider]) -> str | None:
+    """Another of the provider's drivers for the URL's database that imports, if any."""
+    for driver in provider.drivers:
+        try:
+            url.set(drivername=f"{url.drivername}+{driver}").get_dialect().import_dbapi()
+        except (NoSuchModuleError, ImportError):
+            continue
+        return driver
+    return None
 
 
 def provider_for_url(

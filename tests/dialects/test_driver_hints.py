@@ -67,6 +67,21 @@ def test_missing_driver_names_its_own_extra(url: str, extra: str, monkeypatch: A
         check_driver(parsed, provider)
 
 
+def test_a_url_without_driver_names_the_installed_one(monkeypatch: Any) -> None:
+    """mysql:// is SQLAlchemy's mysqlclient; with the mysql extra's PyMySQL installed the fix is
+    mysql+pymysql://, not a C driver to build."""
+    pytest.importorskip("pymysql")
+    parsed = make_url("mysql://u:pw@h/db")
+    dialect_class = parsed.get_dialect()
+
+    def not_installed() -> None:
+        raise ModuleNotFoundError("No module named 'MySQLdb'")
+
+    monkeypatch.setattr(dialect_class, "import_dbapi", staticmethod(not_installed))
+    with pytest.raises(MissingDriverError, match=re.escape("use mysql+pymysql:// in the URL")):
+        check_driver(parsed, provider_class("mysql"))
+
+
 def test_pyodbc_without_unixodbc_names_the_system_library(monkeypatch: Any) -> None:
     """pyodbc imports only where unixODBC is installed: without it the import fails with
     exactly this ImportError (observed on this machine), and pip cannot help."""
