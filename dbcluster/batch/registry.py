@@ -176,7 +176,8 @@ def load_registry(reference: str) -> JobRegistry:
     if callable(target) and not isinstance(target, (JobRegistry, Job)):
         if not _callable_without_arguments(target):
             raise RegistryLoadError(
-                f"{reference!r} is a {type(target).__name__} that takes arguments; --app names a "
+                f"{reference!r} is a {'class' if isinstance(target, type) else 'function'} "
+                "that takes arguments; --app names a "
                 "JobRegistry, a Job, a list of jobs or a callable without arguments returning "
                 "one (e.g. myjobs:registry)"
             )

@@ -185,7 +185,7 @@ def test_load_registry_from_module_attribute() -> None:
         # A job's function or a class needing arguments: one line, not a TypeError from within.
         with pytest.raises(RegistryLoadError, match="function that takes arguments"):
             load_registry("dbcluster_test_jobs:step_function")
-        with pytest.raises(RegistryLoadError, match="type that takes arguments"):
+        with pytest.raises(RegistryLoadError, match="class that takes arguments"):
             load_registry("dbcluster_test_jobs:Context")
     finally:
         del sys.modules["dbcluster_test_jobs"]
