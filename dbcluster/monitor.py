@@ -7,6 +7,7 @@ writes.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, date, datetime
@@ -29,6 +30,7 @@ from dbcluster.schema import (
     nodes,
     partitions,
     step_execution,
+    step_execution_context,
 )
 from dbcluster.states import PARTITION_CLAIMED, PARTITION_IN_FLIGHT
 
@@ -259,6 +261,9 @@ class StepRow:
     start_time: datetime | None
     end_time: datetime | None
     exit_message: str | None = None
+    #: What the step keeps in its execution context (a partition's counts, say), without
+    #: dbcluster's own keys (``dbcluster.*``: a reader's position, the partitions' names).
+    context: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -311,6 +316,18 @@ def _first_line(text: str | None) -> str | None:
     return lines[-1].strip() if lines and lines[0].startswith("Traceback") else lines[0].strip()
 
 
+def _user_context(text: str | None) -> dict[str, Any]:
+    """A step's execution context as stored (JSON), without dbcluster's own keys; empty when
+    there is none or it cannot be read."""
+    try:
+        loaded = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    if not isinstance(loaded, dict):
+        return {}
+    return {k: v for k, v in loaded.items() if not str(k).startswith("dbcluster.")}
+
+
 def job_detail(engine: Engine, execution_id: int, partition_limit: int | None = None) -> JobDetail:
     """One job execution, its partitions, steps and masters. With ``partition_limit`` (a
     dashboard), at most that many partitions (by name) are read, with their counts by status
@@ -344,7 +361,15 @@ def job_detail(engine: Engine, execution_id: int, partition_limit: int | None = 
             .order_by(partitions.c.partition_name, partitions.c.step_execution_id)
         )
         step_stmt = (
-            select(step_execution)
+            select(
+                step_execution,
+                step_execution_context.c.short_context,
+                step_execution_context.c.serialized_context,
+            )
+            .outerjoin(
+                step_execution_context,
+                step_execution_context.c.step_execution_id == step_execution.c.step_execution_id,
+            )
             .where(step_execution.c.job_execution_id == execution_id)
             .order_by(step_execution.c.step_execution_id)
         )
@@ -418,6 +443,7 @@ def job_detail(engine: Engine, execution_id: int, partition_limit: int | None = 
                 start_time=r.start_time,
                 end_time=r.end_time,
                 exit_message=_first_line(r.exit_message),
+                context=_user_context(r.serialized_context or r.short_context),
             )
             for r in step_rows
         ],

@@ -7,6 +7,7 @@ otherwise), so ``--json`` output on stdout is never mixed with it.
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
@@ -167,7 +168,8 @@ def job_renderables(detail: JobDetail) -> list[Any]:
             f"{fmt_age(p.age_ms)} ago",
         )
     steps = Table(title=f"Step executions ({len(detail.steps)})", title_justify="left")
-    for name in ("id", "step", "status", "exit", "read", "write", "commits", "duration"):
+    columns = ("id", "step", "status", "exit", "read", "write", "commits", "duration", "context")
+    for name in columns:
         steps.add_column(name, justify="right" if name in ("read", "write", "commits") else "left")
     for s in detail.steps:
         steps.add_row(
@@ -179,6 +181,7 @@ def job_renderables(detail: JobDetail) -> list[Any]:
             str(s.write_count),
             str(s.commit_count),
             fmt_duration(s.start_time, s.end_time),
+            fmt_context(s.context),
         )
     failed = _failed_partitions(detail)
     failures = Table(title=f"Failures ({len(failed)})", title_justify="left")
@@ -192,6 +195,22 @@ def job_renderables(detail: JobDetail) -> list[Any]:
     for m in detail.masters:
         masters.add_row(str(m.epoch), m.node, m.reason, fmt_time(m.since))
     return [head, parts, *([failures] if failed else []), steps, masters]
+
+
+#: The longest step context `dbcluster job` shows in its table (`--json` has all of it).
+CONTEXT_WIDTH = 60
+
+
+def fmt_context(context: dict[str, Any]) -> str:
+    """A step's context for the table: its keys and values, cut at :data:`CONTEXT_WIDTH`."""
+    if not context:
+        return "-"
+    text = mask_secrets(
+        " ".join(
+            f"{k}={json.dumps(v, separators=(',', ':'), default=str)}" for k, v in context.items()
+        )
+    )
+    return text if len(text) <= CONTEXT_WIDTH else text[: CONTEXT_WIDTH - 3] + "..."
 
 
 #: The failed partitions a launch's summary names with their reasons; `dbcluster job` has all.

@@ -23,6 +23,11 @@ def _run_example(name: str, timeout: float) -> str:
     return result.stdout
 
 
+def test_hello_example_counts_the_primes_below_200000() -> None:
+    out = _run_example("hello.py", 120)
+    assert "job status: COMPLETED; primes below 200,000: 17984" in out, out
+
+
 def test_sum_by_range_example_prints_the_correct_total() -> None:
     assert "total: 500000500000" in _run_example("sum_by_range.py", 300)
 

@@ -141,9 +141,11 @@ class JobParameters(Mapping[str, ParameterValue]):
                     f"use one of {', '.join(_TYPE_NAMES)}"
                 )
             name = match["name"].strip()
-            values[name] = JobParameter(
-                parse_value(type_name, match["value"]), identifying=match["minus"] is None
-            )
+            try:
+                value = parse_value(type_name, match["value"])
+            except JobParametersError as error:
+                raise JobParametersError(f"bad job parameter {item!r}: {error}") from error
+            values[name] = JobParameter(value, identifying=match["minus"] is None)
         return cls(values)
 
     def parameter(self, name: str) -> JobParameter:

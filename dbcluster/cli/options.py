@@ -26,6 +26,17 @@ EXIT_UNAVAILABLE = 3
 EXIT_INTERRUPTED = 130
 
 URL_HELP = "SQLAlchemy database URL (or set DBCLUSTER_URL)."
+
+
+class EnvOption(click.Option):
+    """An option that may come from its environment variable instead: a missing one says so
+    ("Missing option '--url' (or set DBCLUSTER_URL)."), where click names the option only."""
+
+    def get_error_hint(self, ctx: click.Context | None) -> str:
+        hint = super().get_error_hint(ctx)
+        return f"{hint} (or set {self.envvar})" if isinstance(self.envvar, str) else hint
+
+
 APP_HELP = "The application: module:attribute of a JobRegistry (or set DBCLUSTER_APP)."
 OTEL_HELP = (
     "Export OpenTelemetry spans of jobs, steps, partitions and chunks over OTLP/HTTP "
@@ -45,7 +56,12 @@ def url_option(required: bool = True, *, connects: bool = True) -> Callable[[Any
     """``--url`` (or ``DBCLUSTER_URL``) of a command that runs or reads the cluster, exported to
     its environment as ``DBCLUSTER_URL``; with ``connects``, ``--connect-timeout`` too."""
     url = click.option(
-        "--url", envvar="DBCLUSTER_URL", required=required, help=URL_HELP, callback=_export_url
+        "--url",
+        cls=EnvOption,
+        envvar="DBCLUSTER_URL",
+        required=required,
+        help=URL_HELP,
+        callback=_export_url,
     )
     if not connects:
         return url

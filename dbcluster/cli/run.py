@@ -15,6 +15,7 @@ from dbcluster.cli.node import cluster_settings, join, observe
 from dbcluster.cli.options import (
     APP_HELP,
     EXIT_INTERRUPTED,
+    EnvOption,
     chosen_level,
     log_options,
     otel_option,
@@ -26,7 +27,7 @@ from dbcluster.cli.stop import Detached, interrupts
 
 @click.command()
 @url_option()
-@click.option("--app", envvar="DBCLUSTER_APP", required=True, help=APP_HELP)
+@click.option("--app", cls=EnvOption, envvar="DBCLUSTER_APP", required=True, help=APP_HELP)
 @click.option("--concurrency", type=click.IntRange(min=1), help="Partitions run at once.")
 @click.option("--node-prefix", help="Node id prefix (default: the host name).")
 @click.option(
@@ -120,7 +121,7 @@ def worker(
 
 @click.command(context_settings={"ignore_unknown_options": True})
 @url_option()
-@click.option("--app", envvar="DBCLUSTER_APP", required=True, help=APP_HELP)
+@click.option("--app", cls=EnvOption, envvar="DBCLUSTER_APP", required=True, help=APP_HELP)
 @click.argument("job")
 @click.argument("params", nargs=-1, type=click.UNPROCESSED)
 @click.option("--no-work", is_flag=True, help="Be the master only; run no partitions here.")
@@ -252,7 +253,7 @@ def launch(
 
 @click.command()
 @url_option()
-@click.option("--app", envvar="DBCLUSTER_APP", required=True, help=APP_HELP)
+@click.option("--app", cls=EnvOption, envvar="DBCLUSTER_APP", required=True, help=APP_HELP)
 @click.argument("execution_id", type=int)
 @click.option("--no-work", is_flag=True, help="Be the master only; run no partitions here.")
 @click.option("--concurrency", type=click.IntRange(min=1), help="Partitions run at once here.")

@@ -61,22 +61,12 @@ def init(url: str) -> None:
     """Create the dbcluster tables that are missing, and record the schema's version (safe to
     run from several processes). On an older schema it says to run `dbcluster migrate`."""
     from dbcluster import migrations
-    from dbcluster.dialects import get_provider
-
-    def create() -> tuple[list[str], list[str]]:
-        # Safe to repeat after a lost connection: it creates what is missing, and records the
-        # version where it is unrecorded.
-        with engine.connect() as conn:
-            version = migrations.current_version(conn)
-        if version not in (None, migrations.HEAD):
-            migrations.require_current_schema(engine)  # says to migrate or to upgrade
-        made = get_provider(engine).create_schema(engine)
-        migrations.record_if_unrecorded(engine)  # an init cut short made the tables only
-        return made
 
     engine = open_engine(url)
     try:
-        created, indexes = ride_out(engine, create, "init")
+        # Safe to repeat after a lost connection: it creates what is missing, and records the
+        # version where it is unrecorded.
+        created, indexes = ride_out(engine, lambda: migrations.init(engine), "init")
     finally:
         engine.dispose()
     if created:

@@ -38,6 +38,7 @@ __all__ = [
     "HEAD",
     "Revision",
     "current_version",
+    "init",
     "record_if_unrecorded",
     "require_current_schema",
     "revisions",
@@ -118,6 +119,19 @@ def current_version(conn: Connection) -> str | None:
     if set(TABLES_0_1_0) <= present and schema.job_masters.name not in present:
         return "0001"
     return HEAD
+
+
+def init(engine: Engine) -> tuple[list[str], list[str]]:
+    """What ``dbcluster init`` does: create the dbcluster tables (and indexes) that are missing
+    and record the schema's version; (the tables, the indexes) it created. Safe to repeat and
+    to run from several processes at once. On an older schema it raises, saying to migrate."""
+    with engine.connect() as conn:
+        version = current_version(conn)
+    if version not in (None, HEAD):
+        require_current_schema(engine)  # says to migrate or to upgrade
+    made = get_provider(engine).create_schema(engine)
+    record_if_unrecorded(engine)  # an init cut short made the tables only
+    return made
 
 
 def record_if_unrecorded(engine: Engine) -> None:

@@ -106,10 +106,17 @@ def test_launch_fails_restart_completes_and_the_views_show_it(
     assert {p["status"] for p in detail["partitions"]} == {"COMPLETED"}
     assert all(p["node"] and p["attempt"] == 1 for p in detail["partitions"])
     assert [s["name"] for s in detail["steps"]][0] == "reconcile"
+    # What each partition kept in its context (its range; the demo's sums where it read
+    # receipts), without dbcluster's own keys.
+    kept = [s["context"] for s in detail["steps"] if ":" in s["name"]]
+    assert len(kept) == 8 and all({"lo", "hi"} <= set(c) for c in kept), kept
+    assert any({"count", "sum", "last_id"} <= set(c) for c in kept), kept
+    assert not [k for s in detail["steps"] for k in s["context"] if k.startswith("dbcluster.")]
     job_text = run_cli("job", "--url", url, str(failed["job_execution_id"]))
     assert job_text.returncode == 0
     assert "Partitions (8)" in job_text.stdout and "receipts-1-7501" in job_text.stdout
     assert "Step executions (9)" in job_text.stdout
+    assert "context" in job_text.stdout and "lo=1" in job_text.stdout
 
     status_text = run_cli("status", "--url", url)
     assert status_text.returncode == 0 and "cw-" in status_text.stdout

@@ -102,7 +102,7 @@ def test_unknown_job(ready_url: str) -> None:
     ("param", "expected"),
     [
         ("oops", "bad job parameter 'oops'"),
-        ("n(int)=twelve", "cannot read 'twelve' as int"),
+        ("n(int)=twelve", "bad job parameter 'n(int)=twelve': cannot read 'twelve' as int"),
     ],
 )
 def test_bad_parameter_syntax(param: str, expected: str, ready_url: str) -> None:
@@ -208,3 +208,19 @@ def test_a_failed_partition_s_reason_is_in_the_summary_and_in_job(tmp_path: Path
     shown = run(cli("job", "1"), cwd=tmp_path, env={**env, "COLUMNS": "200"})
     assert shown.returncode == 0, shown.stderr
     assert "Failures (1)" in shown.stdout and "ValueError: bad row 60" in shown.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["job", "1"], "Missing option '--url' (or set DBCLUSTER_URL)."),
+        (["launch", "--url", "sqlite://", "x"], "Missing option '--app' (or set DBCLUSTER_APP)."),
+    ],
+)
+def test_a_missing_url_or_app_names_its_environment_variable(
+    args: list[str], expected: str
+) -> None:
+    proc = run_cli(*args, timeout=30)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == f"Error: {expected}", proc.stderr
