@@ -213,6 +213,11 @@ class Heartbeat(Service):
         if identity is not self.membership.current or identity.fenced.is_set():
             return
         self._judge(identity, alive, began)
+        if alive:
+            # This service's work, done: it ends an outage the heartbeat met (its own turns,
+            # postponed by every carried beat, may not come while the worker stays busy).
+            self.last_good = time.monotonic()
+            self.outage.ended()
         self.postpone()
 
     def _beat(self, identity: Identity) -> bool:
