@@ -27,6 +27,7 @@ from dbcluster.cluster.patience import Patience, is_connectivity_error
 from dbcluster.cluster.placement import NoLiveNodeError, Placer, Planned
 from dbcluster.cluster.store import OrphanedPartition
 from dbcluster.errors import ConfigurationError
+from dbcluster.retry import brief
 from dbcluster.states import (
     COORD_MASTERED,
     PARTITION_CLAIMED,
@@ -279,7 +280,9 @@ class ClusterPartitionHandler:
                 if not is_connectivity_error(error) and not store.provider.is_transient(error):
                     raise
                 if not warned:
-                    log.warning("master %s waits for the database: %s", mastership.node_id, error)
+                    log.warning(
+                        "master %s waits for the database: %s", mastership.node_id, brief(error)
+                    )
                     warned = True
                 pause_ms = pace.backoff_ms()
             time.sleep(pause_ms / 1000)

@@ -293,3 +293,72 @@ def test_a_heartbeat_carried_by_the_poll_ends_the_heartbeats_outage(
     lines = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "dbcluster.service"]
     assert [level for level, _ in lines] == ["WARNING", "INFO", "WARNING"], lines
 
+
+def test_a_master_waiting_for_the_database_warns_in_one_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A master whose look at its partitions meets an outage says so once, in one line: the
+    driver's error, not SQLAlchemy's wrapper with the statement, its parameters and a link.
+    Before, a PostgreSQL restart put three lines in a launch's log ("master ... waits for the
+    database: (psycopg.OperationalError) connection failed: ... / Is the server running ... /
+    (Background on this error at: https://sqlalche.me/e/21/e3q8)"), and a statement that lost
+    its connection would have put its SQL and parameters there too."""
+    from types import SimpleNamespace
+
+    import psycopg
+    from sqlalchemy.exc import OperationalError
+
+    from dbcluster.cluster import handler as handler_module
+    from dbcluster.cluster.handler import ClusterPartitionHandler
+
+    lost = OperationalError(
+        "SELECT status, count(*) FROM batch_partitions WHERE master_step_execution_id = %(m)s",
+        {"m": 7},
+        psycopg.OperationalError(
+            "consuming input failed: server closed the connection unexpectedly\n"
+            "\tThis probably means the server terminated abnormally"
+        ),
+    )
+    looks = {"n": 0}
+
+    class Store:
+        provider = SimpleNamespace(is_transient=lambda e: True)
+
+        def counts(self, master_id: int) -> dict[str, int]:
+            looks["n"] += 1
+            if looks["n"] <= 3:
+                raise lost
+            return {}
+
+    handler = object.__new__(ClusterPartitionHandler)
+    handler.store = Store()  # type: ignore[assignment]
+    handler.progress = None
+    handler.context = SimpleNamespace(  # type: ignore[assignment]
+        settings=SimpleNamespace(master_check_interval=10, orphan_check_interval=60_000)
+    )
+    mastership = SimpleNamespace(node_id="n1", check=lambda: None)
+    master = SimpleNamespace(id=7, job_execution=SimpleNamespace(stop_requested=False))
+    caplog.set_level(logging.INFO, logger="dbcluster.master")
+    pace = handler_module.CheckPace
+    try:
+        # Short pauses: the back-off of a real master is seconds.
+        handler_module.CheckPace = lambda first, most: _FastPace()  # type: ignore[assignment,misc]
+        handler._monitor(None, master, mastership, placed_now=False)  # type: ignore[arg-type]
+    finally:
+        handler_module.CheckPace = pace  # type: ignore[misc]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert warnings[0] == (
+        "master n1 waits for the database: OperationalError: consuming input failed: "
+        "server closed the connection unexpectedly"
+    )
+
+
+class _FastPace:
+    first_ms = 0
+
+    def next_ms(self, in_flight: int, now: float) -> float:
+        return 0
+
+    def backoff_ms(self) -> float:
+        return 1
