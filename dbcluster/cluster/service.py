@@ -47,18 +47,24 @@ class Outage:
         self.name = name
         #: When the service first met the outage (monotonic), or None.
         self.since: float | None = None
+        # The heartbeat's outage also ends on the poller's thread (a carried beat).
+        self._lock = threading.Lock()
 
     def began(self, error: BaseException) -> None:
-        if self.since is None:
-            self.since = time.monotonic()
+        with self._lock:
+            first = self.since is None
+            if first:
+                self.since = time.monotonic()
+        if first:
             log.warning("service %s: database unavailable; retrying (%s)", self.name, brief(error))
         else:
             log.debug("service %s: database still unavailable (%s)", self.name, brief(error))
 
     def ended(self) -> None:
-        if self.since is not None:
-            took = time.monotonic() - self.since
-            self.since = None
+        with self._lock:
+            since, self.since = self.since, None
+        if since is not None:
+            took = time.monotonic() - since
             log.info("service %s: database available again (after %.1f s)", self.name, took)
 
 
