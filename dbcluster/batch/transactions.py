@@ -341,7 +341,9 @@ class Transactions:
                         ) from error
                 with self.engine.connect() as conn:
                     landed = verify(conn)
-                log.warning(
+                # Judged from the database, nothing for a person to do: the outage that lost
+                # it has its one WARNING (of the service or command that met it).
+                log.info(
                     "%s: the commit's acknowledgement was lost; it %s",
                     what,
                     "took effect" if landed else "did not take effect",
