@@ -59,7 +59,7 @@ class Slots(Protocol):
 
     def _end_without_running(self, task: Task, se: StepExecution, message: str) -> None: ...
 
-    def _recorded(self, task: Task, outcome: str | None) -> None: ...
+    def _recorded(self, task: Task, outcome: str | None, se: StepExecution) -> None: ...
 
 
 class Aftermath:
@@ -205,7 +205,7 @@ class Aftermath:
         if ran is not None and not ran.status.is_running:
             ran.fence = fence
             commit_step(ran, self.executor.runtime, final=True)
-            self.executor._recorded(task, fence.outcome)
+            self.executor._recorded(task, fence.outcome, ran)
             return
         se.fence = fence
         se.failure_exceptions.append(error)

@@ -66,8 +66,11 @@ class Announcer:
         for p in partitions:
             self.events.completed(node_id, p.partition_name, p.step_execution_id)
 
-    def recorded(self, node_id: str, p: PendingPartition, outcome: str | None) -> None:
-        """A partition's outcome, recorded by its final write (None: it failed)."""
+    def recorded(
+        self, node_id: str, p: PendingPartition, outcome: str | None, why: str | None = None
+    ) -> None:
+        """A partition's outcome, recorded by its final write (None: it failed; ``why``: its
+        step execution's exit description, of which a failure's line gives the cause)."""
         events = self.events
         if outcome == RELEASED:
             log.info("node %s handed back stopped partition %s", node_id, p.partition_name)
@@ -91,8 +94,12 @@ class Announcer:
             )
             events.completed(node_id, p.partition_name, p.step_execution_id)
         else:
-            log.info(
-                "node %s failed partition %s (%s)", node_id, p.partition_name, p.step_execution_id
+            log.warning(
+                "node %s failed partition %s (%s): %s",
+                node_id,
+                p.partition_name,
+                p.step_execution_id,
+                cause(why),
             )
             events.failed(node_id, p.partition_name, p.step_execution_id)
 
@@ -106,3 +113,12 @@ class Announcer:
             reason,
         )
         self.events.lost(node_id, p.partition_name, p.step_execution_id, reason)
+
+
+def cause(description: str | None) -> str:
+    """The line of a step's exit description that says why it failed: a recorded traceback's
+    last (the exception itself), else its first."""
+    lines = [line.strip() for line in (description or "").strip().splitlines() if line.strip()]
+    if not lines:
+        return "no reason recorded"
+    return lines[-1] if lines[0].startswith("Traceback") else lines[0]

@@ -435,7 +435,7 @@ class Executor:
         except FencedError as exc:
             self._lost(task, str(exc))
             return
-        self._recorded(task, fence.outcome)
+        self._recorded(task, fence.outcome, se)
 
     def _end_without_running(self, task: Task, se: StepExecution, message: str) -> None:
         se.status = BatchStatus.FAILED
@@ -447,10 +447,11 @@ class Executor:
             self._lost(task, str(exc))
             return
         assert isinstance(se.fence, PartitionFence)
-        self._recorded(task, se.fence.outcome)
+        self._recorded(task, se.fence.outcome, se)
 
-    def _recorded(self, task: Task, outcome: str | None) -> None:
-        self.announce.recorded(task.identity.node_id, task.partition, outcome)
+    def _recorded(self, task: Task, outcome: str | None, se: StepExecution) -> None:
+        why = se.exit_status.description if outcome is None else None
+        self.announce.recorded(task.identity.node_id, task.partition, outcome, why)
 
     def _lost(self, task: Task, reason: str) -> None:
         self.announce.lost(task.identity.node_id, task.partition, reason)
