@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from sqlalchemy import Connection
 
 from dbcluster.batch.domain import StepExecution, utcnow
-from dbcluster.batch.fence import FoldedGuard
+from dbcluster.batch.fence import FencedError, FoldedGuard
 from dbcluster.batch.listeners import call_listeners
 from dbcluster.batch.observe import observers
 from dbcluster.batch.status import BatchStatus, ExitStatus
@@ -211,6 +211,12 @@ class Step(ABC):
                 log.debug("step %s (execution %s) ended %s", se.step_name, se.id, se.status.value)
                 return
             conclude_step(se)
+        except FencedError as lost:
+            # The execution lost its fence on the way (its partition moved, its master was
+            # fenced or taken over): it did not fail, and its end is not this process's to
+            # record or to announce (its new owner does both). Nothing more is written for it.
+            observers.step_ended(se, lost)
+            raise
         except Exception as error:
             log.warning("step %s (execution %s) failed: %s", se.step_name, se.id, error)
             se.failure_exceptions.append(error)

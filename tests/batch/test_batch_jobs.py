@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Column, Integer, MetaData, Table, insert, update
+from sqlalchemy.exc import OperationalError
 
 from dbcluster.batch import (
     BatchRuntime,
@@ -31,6 +32,7 @@ from dbcluster.batch import (
     RepeatStatus,
     SqlItemWriter,
     SqlKeyRangeReader,
+    Step,
     StepExecution,
     TaskletStep,
     item_writer,
@@ -349,6 +351,55 @@ def test_a_broken_fence_rolls_back_the_chunk_user_writes(
         assert stored.write_count == 10 and stored.commit_count == 2
     finally:
         md.drop_all(backend.engine)
+
+
+class _Unreachable:
+    """A fence whose final write cannot land: the execution lost it (``fenced``), or the
+    database is away and the node, fenced meanwhile, gives up repeating it (``away``)."""
+
+    def __init__(self, final: str) -> None:
+        self.final = final
+
+    def hold(self, conn: Any) -> None:
+        """The step's start lands."""
+
+    def finish(self, conn: Any, execution: Any) -> None:
+        if self.final == "fenced":
+            raise FencedError("the node is fenced")
+        raise OperationalError("UPDATE ...", {}, ConnectionError("Lost connection"))
+
+
+class _LostOnTheWay(Step):
+    """A step whose work learns that its execution lost its fence (a master's wait for its
+    partitions once its node is fenced: MastershipLostError)."""
+
+    def do_execute(self, step_execution: StepExecution, runtime: BatchRuntime) -> None:
+        raise FencedError("node n1 is no longer the master of job execution 1 (epoch 1)")
+
+
+@pytest.mark.parametrize("final", ["fenced", "away"])
+def test_a_step_that_lost_its_fence_neither_fails_nor_tells_its_listeners(
+    repo: JobRepository, final: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Galera bounce of the launcher's node (longer than unreachable_threshold): the launcher
+    # fenced itself while the database was away; its master step met MastershipLostError, logged
+    # 'step ... failed', told after_step the step FAILED, then its final write gave up on the
+    # connection error, and the job logged 'job ... failed: OperationalError' (and told
+    # after_job FAILED) though another node took the job over and completed it.
+    told: list[BatchStatus] = []
+    listener = type("L", (), {"after_step": staticmethod(lambda se: told.append(se.status))})()
+    step = _LostOnTheWay("master", listeners=[listener])
+    params = _params()
+    je = repo.create_job_execution(repo.create_job_instance("lost", params), params)
+    se = repo.create_step_execution(je, "master")
+    se.fence = _Unreachable(final)
+    runtime = BatchRuntime(repo, LocalPartitionHandler())
+    with caplog.at_level("WARNING"), pytest.raises(FencedError, match="no longer the master"):
+        step.execute(se, runtime)
+    assert told == [], "its new owner ends the step and tells the listeners"
+    assert not [r for r in caplog.records if "failed" in r.getMessage()]
+    stored = repo.get_step_execution(se.id)
+    assert stored is not None and stored.status is BatchStatus.STARTED
 
 
 def test_terminate_only_stops_at_a_chunk_boundary_and_restart_resumes(
