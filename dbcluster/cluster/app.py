@@ -36,7 +36,7 @@ from dbcluster.cluster.settings import ClusterSettings
 from dbcluster.cluster.stopping import request_stop
 from dbcluster.dialects import make_engine
 from dbcluster.migrations import require_current_schema
-from dbcluster.retry import Retry, quietly, warn_once
+from dbcluster.retry import Retry, brief, quietly, warn_once
 from dbcluster.states import COORD_MASTERED
 
 log = logging.getLogger("dbcluster.cluster")
@@ -280,7 +280,10 @@ class Cluster:
         """This node is no longer the master (fenced, or a survivor took the row): it wrote
         nothing after that. It follows the job to its end under whoever owns it now."""
         log.warning(
-            "node %s lost the mastership of execution %s: %s", mastership.node_id, execution.id, why
+            "node %s lost the mastership of execution %s: %s",
+            mastership.node_id,
+            execution.id,
+            brief(why),
         )
         return self.follow(execution.id, mastership)
 

@@ -370,3 +370,28 @@ def test_an_idle_non_holder_reads_the_leases_only_inside_its_heartbeats(backend:
     finally:
         for node in started:
             node.stop(drain_timeout_ms=1000)
+
+
+@BACKENDS
+def test_a_lease_the_database_away_kept_from_being_given_up_is_one_info_line(
+    backend: Backend, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A fenced node gives its leases up in the outage that fenced it: each release fails and
+    the lease lapses after its term. Galera bounce runs logged it at WARNING per lease, in two
+    lines (SQLAlchemy's wrapper and its link), beside the outage's one WARNING per service."""
+    from sqlalchemy.exc import OperationalError
+
+    away = OperationalError(
+        "DELETE FROM batch_leases ...", {}, ConnectionRefusedError(2003, "Can't connect")
+    )
+
+    def refused(name: str, holder: str) -> None:
+        raise away
+
+    with caplog.at_level("INFO"), nodes(backend, 1) as started:
+        wait_for(lambda: holders(started), 10, "the node to take the sweep lease")
+        started[0].store.release_lease = refused  # type: ignore[method-assign]
+        started[0].stop(drain_timeout_ms=1000)
+    (line,) = [r for r in caplog.records if "could not give up" in r.getMessage()]
+    assert line.levelname == "INFO"
+    assert "\n" not in line.getMessage() and "ConnectionRefusedError" in line.getMessage()

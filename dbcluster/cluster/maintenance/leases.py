@@ -63,9 +63,11 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from dbcluster.cluster.identity import Identity
+from dbcluster.cluster.patience import is_connectivity_error
 from dbcluster.cluster.service import Service
 from dbcluster.cluster.settings import ClusterSettings
 from dbcluster.cluster.store import CoordinationStore, LeaseRow
+from dbcluster.retry import brief
 
 log = logging.getLogger("dbcluster.node")
 
@@ -163,7 +165,7 @@ class Leases(Service):
         try:
             self.store.release_lease(name, held[0].node_id)
         except Exception as exc:  # noqa: BLE001 - it lapses after its term instead
-            log.warning("node %s could not give up the %s lease: %s", held[0].node_id, name, exc)
+            _not_given_up(held[0].node_id, name, exc)
 
     def _missing(self) -> list[str]:
         """The leases this node wants, does not hold and may take now."""
@@ -357,6 +359,12 @@ class Leases(Service):
             try:
                 self.store.release_lease(name, identity.node_id)
             except Exception as exc:  # noqa: BLE001 - it lapses after its term instead
-                log.warning(
-                    "node %s could not give up the %s lease: %s", identity.node_id, name, exc
-                )
+                _not_given_up(identity.node_id, name, exc)
+
+
+def _not_given_up(node_id: str, name: str, error: BaseException) -> None:
+    """A release that failed: the lease lapses after its term instead. The database away (a
+    fenced node gives its leases up in the outage that fenced it) is INFO, in one line: the
+    outage has its WARNING from each service; anything else is a WARNING."""
+    level = logging.INFO if is_connectivity_error(error) else logging.WARNING
+    log.log(level, "node %s could not give up the %s lease: %s", node_id, name, brief(error))
