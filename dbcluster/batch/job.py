@@ -18,6 +18,7 @@ from dbcluster.batch.listeners import call_listeners
 from dbcluster.batch.observe import observers
 from dbcluster.batch.status import BatchStatus, ExitStatus
 from dbcluster.batch.step import Step, describe_failure
+from dbcluster.retry import brief
 
 if TYPE_CHECKING:
     from dbcluster.batch.runtime import BatchRuntime
@@ -209,7 +210,7 @@ class Job:
             observers.job_ended(je, lost)
             raise  # this process no longer owns the job: it writes nothing more for it
         except Exception as error:
-            log.warning("job %s (execution %s) failed: %s", self.name, je.id, error)
+            log.warning("job %s (execution %s) failed: %s", self.name, je.id, brief(error))
             je.failure_exceptions.append(error)
             je.status = BatchStatus.FAILED
             je.exit_status = ExitStatus.FAILED.with_description(describe_failure(error))

@@ -15,6 +15,7 @@ from dbcluster.batch.fence import FencedError, FoldedGuard
 from dbcluster.batch.listeners import call_listeners
 from dbcluster.batch.observe import observers
 from dbcluster.batch.status import BatchStatus, ExitStatus
+from dbcluster.retry import brief
 
 if TYPE_CHECKING:
     from dbcluster.batch.runtime import BatchRuntime
@@ -218,7 +219,7 @@ class Step(ABC):
             observers.step_ended(se, lost)
             raise
         except Exception as error:
-            log.warning("step %s (execution %s) failed: %s", se.step_name, se.id, error)
+            log.warning("step %s (execution %s) failed: %s", se.step_name, se.id, brief(error))
             se.failure_exceptions.append(error)
             se.status = BatchStatus.FAILED
             code = getattr(error, "exit_code", None)

@@ -402,6 +402,23 @@ def test_a_step_that_lost_its_fence_neither_fails_nor_tells_its_listeners(
     assert stored is not None and stored.status is BatchStatus.STARTED
 
 
+def test_a_step_and_a_job_failed_by_a_database_error_say_so_in_one_line(
+    launcher: JobLauncher, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A Galera bounce: a partition's chunk gave up on a lost connection and its worker logged
+    # 'step ... failed: (pymysql.err.OperationalError) (2003, ...)' and SQLAlchemy's
+    # '(Background on this error at: ...)' on a second line.
+    def lost(ctx: ChunkContext) -> RepeatStatus:
+        raise OperationalError("INSERT INTO ledger ...", {}, ConnectionError("Lost connection"))
+
+    with caplog.at_level("WARNING"):
+        execution = launcher.run(Job("lost", [TaskletStep("t", lost)]), _params())
+    assert execution.status is BatchStatus.FAILED
+    said = [r.getMessage() for r in caplog.records if ") failed: " in r.getMessage()]
+    assert said and all("\n" not in line for line in said), said
+    assert all("ConnectionError: Lost connection" in line for line in said), said
+
+
 def test_terminate_only_stops_at_a_chunk_boundary_and_restart_resumes(
     launcher: JobLauncher, repo: JobRepository, tables: Any
 ) -> None:
