@@ -450,6 +450,11 @@ g_write_conf() {  # g_write_conf N
 user = mysql
 datadir = $dir/data
 socket = $(g_sock "$n")
+# Its own tmpdir: a starting node deletes every '#sql*' file in its tmpdir (leftovers of its
+# own last run), so in a shared /tmp it deleted the live temporary tables of the other nodes
+# (a statement on node 2 failed with error 6 "Error on delete of '/tmp/#sql-update-...MAI'"
+# while node 1 rejoined).
+tmpdir = $dir/tmp
 pid-file = $dir/mysqld.pid
 log-error = $dir/error.log
 port = $(g_port "$n")
@@ -513,7 +518,7 @@ g_up() {
     fi
     g_down_quiet
     for n in 1 2 3; do
-        install -d -o mysql -g mysql "$(g_dir "$n")" "$(g_dir "$n")/data"
+        install -d -o mysql -g mysql "$(g_dir "$n")" "$(g_dir "$n")/data" "$(g_dir "$n")/tmp"
         g_write_conf "$n"
     done
     # Only the first node gets system tables; the others receive everything by SST.
