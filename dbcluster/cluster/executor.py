@@ -450,8 +450,11 @@ class Executor:
         self._recorded(task, se.fence.outcome, se)
 
     def _recorded(self, task: Task, outcome: str | None, se: StepExecution) -> None:
-        why = se.exit_status.description if outcome is None else None
-        self.announce.recorded(task.identity.node_id, task.partition, outcome, why)
+        # The exit description says why a partition failed (its outcome is PARTITION_FAILED
+        # once its final write landed; the announcement reads it only then).
+        self.announce.recorded(
+            task.identity.node_id, task.partition, outcome, se.exit_status.description
+        )
 
     def _lost(self, task: Task, reason: str) -> None:
         self.announce.lost(task.identity.node_id, task.partition, reason)
