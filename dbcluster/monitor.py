@@ -7,7 +7,6 @@ writes.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, date, datetime
@@ -15,8 +14,10 @@ from typing import Any
 
 from sqlalchemy import Engine, Select, func, inspect, select, union
 
+from dbcluster.batch.dao.rows import context_from
 from dbcluster.batch.exceptions import NoSuchJobExecutionError
 from dbcluster.batch.status import BatchStatus
+from dbcluster.batch.step import failure_line
 from dbcluster.dialects import get_provider, safe_url
 from dbcluster.errors import SchemaMissingError
 from dbcluster.inlists import in_batches
@@ -308,24 +309,14 @@ class MasterRow:
     since: datetime | None
 
 
-def _first_line(text: str | None) -> str | None:
-    if not text:
-        return None
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    # A recorded traceback ends with the exception itself: that is the line to show.
-    return lines[-1].strip() if lines and lines[0].startswith("Traceback") else lines[0].strip()
-
-
-def _user_context(text: str | None) -> dict[str, Any]:
-    """A step's execution context as stored (JSON), without dbcluster's own keys; empty when
-    there is none or it cannot be read."""
+def _user_context(short: str | None, serialized: str | None) -> dict[str, Any]:
+    """A step's execution context as the repository reads it, without dbcluster's own keys;
+    empty when there is none or it cannot be read."""
     try:
-        loaded = json.loads(text) if text else {}
+        context = context_from(short, serialized)
     except ValueError:
         return {}
-    if not isinstance(loaded, dict):
-        return {}
-    return {k: v for k, v in loaded.items() if not str(k).startswith("dbcluster.")}
+    return {k: v for k, v in context.items() if not str(k).startswith("dbcluster.")}
 
 
 def job_detail(engine: Engine, execution_id: int, partition_limit: int | None = None) -> JobDetail:
@@ -402,7 +393,7 @@ def job_detail(engine: Engine, execution_id: int, partition_limit: int | None = 
         job_instance_id=int(m["job_instance_id"]),
         status=m["status"],
         exit_code=m["exit_code"],
-        exit_message=_first_line(m["exit_message"]),
+        exit_message=failure_line(m["exit_message"]),
         parameters=[
             f"{'' if p.identifying else '-'}{p.parameter_name}({p.parameter_type})="
             f"{p.parameter_value}"
@@ -426,7 +417,7 @@ def job_detail(engine: Engine, execution_id: int, partition_limit: int | None = 
                 age_ms=_age_ms(r.db_now, r.last_updated),
                 start_time=r.start_time,
                 end_time=r.end_time,
-                exit_message=_first_line(r.exit_message),
+                exit_message=failure_line(r.exit_message),
             )
             for r in part_rows
         ],
@@ -442,8 +433,8 @@ def job_detail(engine: Engine, execution_id: int, partition_limit: int | None = 
                 rollback_count=int(r.rollback_count),
                 start_time=r.start_time,
                 end_time=r.end_time,
-                exit_message=_first_line(r.exit_message),
-                context=_user_context(r.serialized_context or r.short_context),
+                exit_message=failure_line(r.exit_message),
+                context=_user_context(r.short_context, r.serialized_context),
             )
             for r in step_rows
         ],

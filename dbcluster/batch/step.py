@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import traceback
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -27,6 +28,25 @@ T = TypeVar("T")
 def describe_failure(error: BaseException) -> str:
     """The exit description of a failure: the exception and its traceback (clipped on storage)."""
     return "".join(traceback.format_exception(error)).strip()
+
+
+#: The line a traceback ends its exception with: its (dotted) type, then ': ' and its message
+#: or nothing.
+_EXCEPTION_LINE = re.compile(r"[A-Za-z_][\w.]*(: |$)")
+
+
+def failure_line(description: str | None) -> str | None:
+    """The line of an exit description that says why (None for none): a recorded traceback's
+    (:func:`describe_failure`) last exception line, not what a driver's wrapper prints after
+    it (SQLAlchemy's '[SQL: ...]', '(Background on this error at: ...)'); else its first."""
+    text = (description or "").strip()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        return None
+    if not lines[0].startswith("Traceback"):
+        return lines[0]
+    raised = [line for line in text.splitlines() if _EXCEPTION_LINE.match(line)]
+    return raised[-1].strip() if raised else lines[-1]
 
 
 def persist_step(step_execution: StepExecution, runtime: BatchRuntime, conn: Connection) -> None:

@@ -5,10 +5,10 @@ one line), one event per partition."""
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from dbcluster.batch.step import failure_line
 from dbcluster.cluster.fencing import RELEASED, RETRIED
 from dbcluster.states import PARTITION_COMPLETED
 
@@ -117,20 +117,5 @@ class Announcer:
 
 
 def cause(description: str | None) -> str:
-    """The line of a step's exit description that says why it failed: a recorded traceback's
-    last (the exception itself), else its first."""
-    text = (description or "").strip()
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if not lines:
-        return "no reason recorded"
-    if not lines[0].startswith("Traceback"):
-        return lines[0]
-    # The last exception's line ('module.Type: message', unindented), not what a driver's
-    # wrapper prints after it (SQLAlchemy's '[SQL: ...]', '(Background on this error at: ...)').
-    raised = [line for line in text.splitlines() if _EXCEPTION_LINE.match(line)]
-    return raised[-1].strip() if raised else lines[-1]
-
-
-#: The line a traceback ends its exception with: its (dotted) type, then ': ' and its message
-#: or nothing.
-_EXCEPTION_LINE = re.compile(r"[A-Za-z_][\w.]*(: |$)")
+    """Why a partition failed, from its step's exit description (:func:`failure_line`)."""
+    return failure_line(description) or "no reason recorded"

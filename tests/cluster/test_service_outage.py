@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+from typing import Any
 
 import pytest
 from sqlalchemy import text
@@ -115,16 +116,22 @@ def test_any_other_failure_is_an_error_with_its_traceback(
     assert _records(caplog) == [("ERROR", "service scripted failed", True)]
 
 
-def test_a_heartbeat_through_an_outage_warns_once(caplog: pytest.LogCaptureFixture) -> None:
-    """The heartbeat handles its own errors (it judges how long it has been silent): an outage
-    still costs one WARNING, not one per beat."""
-    error = _outage_error()
-    provider = get_provider(make_engine("postgresql+psycopg://u@127.0.0.1/none"))
+def _joined_before_an_outage() -> tuple[BaseException, Any, Membership]:
+    """The error of an outage, a PostgreSQL provider to judge it, and a membership joined as
+    ``n1`` whose thresholds no test reaches (a heartbeat every 10 ms)."""
     settings = ClusterSettings(
         heartbeat_interval=10, unreachable_threshold=60_000, cleanup_threshold=120_000
     )
     membership = Membership(settings, _NoEvents())  # type: ignore[arg-type]
     membership.joined("n1", 1)
+    provider = get_provider(make_engine("postgresql+psycopg://u@127.0.0.1/none"))
+    return _outage_error(), provider, membership
+
+
+def test_a_heartbeat_through_an_outage_warns_once(caplog: pytest.LogCaptureFixture) -> None:
+    """The heartbeat handles its own errors (it judges how long it has been silent): an outage
+    still costs one WARNING, not one per beat."""
+    error, provider, membership = _joined_before_an_outage()
     beats = {"n": 0}
 
     class Store:
@@ -268,13 +275,7 @@ def test_a_heartbeat_carried_by_the_poll_ends_the_heartbeats_outage(
     for as long as the node was busy: in a PostgreSQL restart run, worker logs read "service
     heartbeat: database available again (after 16.7 s)" for two 6.5 s restarts 14 s apart,
     with no heartbeat WARNING for the second."""
-    error = _outage_error()
-    provider = get_provider(make_engine("postgresql+psycopg://u@127.0.0.1/none"))
-    settings = ClusterSettings(
-        heartbeat_interval=10, unreachable_threshold=60_000, cleanup_threshold=120_000
-    )
-    membership = Membership(settings, _NoEvents())  # type: ignore[arg-type]
-    membership.joined("n1", 1)
+    error, provider, membership = _joined_before_an_outage()
 
     class Store:
         def heartbeat(self, node_id: str, load: int) -> bool:
