@@ -117,7 +117,7 @@ class Aftermath:
             self.context.fence(identity, str(exc))
             return []
         except Exception as exc:  # noqa: BLE001 - see the docstring
-            self._give_up(identity, "a claim that failed", exc)
+            self._give_up(identity, "could not read back a claim that failed", exc)
             return []
         return won
 
@@ -142,17 +142,17 @@ class Aftermath:
                 f"node {identity.node_id} cannot read the partition it claimed next",
             )
         except Exception as exc:  # noqa: BLE001 - fenced or leaving: its master recovers it
-            self._give_up(identity, "the partition it claimed next", exc)
+            self._give_up(identity, "could not read back the partition it claimed next", exc)
 
-    def _give_up(self, identity: Identity, what: str, error: BaseException) -> None:
-        """A read back that cannot be made (``error``, not the database's passing trouble):
-        what ``identity`` claimed may stand CLAIMED with no thread to run it, and only a node
-        that is gone has its partitions recovered. So the node gives the identity up (it joins
-        again under a new id; the old one is removed and its masters recover what it held),
-        unless it is gone already."""
+    def _give_up(self, identity: Identity, failed: str, error: BaseException) -> None:
+        """A read back or a partition's end that cannot be made (``failed`` says which; ``error``
+        is not the database's passing trouble): what ``identity`` claimed may stand CLAIMED with
+        no thread to run it, and only a node that is gone has its partitions recovered. So the
+        node gives the identity up (it joins again under a new id; the old one is removed and
+        its masters recover what it held), unless it is gone already."""
         if self.gone(identity):
             return
-        reason = f"could not read back {what}: {brief(error)}"
+        reason = f"{failed}: {brief(error)}"
         log.error(
             "node %s %s; it gives this id up so that its masters recover what it holds",
             identity.node_id,
@@ -173,18 +173,30 @@ class Aftermath:
         have been: a completed step is recorded COMPLETED (never run again), a failed one is
         tried again only if its failure is retryable. A step that did not get as far is judged
         on ``error``, what stopped it: a transferable partition that a database outage stopped
-        is tried again while it has tries left."""
+        is tried again while it has tries left.
+
+        Only the database's passing trouble is waited out (every heartbeat interval). A final
+        write the database refuses as it is (a context value too long for its column, say)
+        would be refused every time: the partition is recorded FAILED from what the database
+        holds of it instead, with the reason (:meth:`_record_refused`), so its job ends rather
+        than hangs. If even that is refused, the node gives the identity up with one ERROR
+        (:meth:`_give_up`): its master recovers the partition."""
         identity = task.identity
         if self.gone(identity):  # then its master decides
             return
-        recording = self._every_heartbeat(identity, lambda exc: True)
+        provider = self.store.provider
+        recording = self._every_heartbeat(identity, lambda exc: is_passing(provider, exc))
         try:
             recording.call(
                 lambda: self._record_after_error(task, error),
                 f"cannot record partition {task.partition.step_execution_id}",
             )
-        except Exception:  # noqa: BLE001 - fenced, or given up as the node leaves: not ours
+        except FencedError:  # its master decides
             return
+        except Exception as exc:  # noqa: BLE001 - see the docstring
+            if not self.gone(identity):  # else given up as the node leaves: not ours
+                name = task.partition.partition_name
+                self._give_up(identity, f"could not record the end of partition {name}", exc)
 
     def _record_after_error(self, task: Task, error: BaseException) -> None:
         """One try of :meth:`fail_after_error`."""
@@ -204,7 +216,15 @@ class Aftermath:
         fence = self.executor._fence_for(task)
         if ran is not None and not ran.status.is_running:
             ran.fence = fence
-            commit_step(ran, self.executor.runtime, final=True)
+            try:
+                commit_step(ran, self.executor.runtime, final=True)
+            except FencedError:
+                raise
+            except Exception as refused:
+                if is_passing(self.store.provider, refused):
+                    raise
+                self._record_refused(task, se, ran, refused)
+                return
             self.executor._recorded(task, fence.outcome, ran)
             return
         se.fence = fence
@@ -213,6 +233,31 @@ class Aftermath:
             task,
             se,
             f"node {identity.node_id} could not record the outcome of partition {p.partition_name}",
+        )
+
+    def _record_refused(
+        self, task: Task, se: StepExecution, ran: StepExecution, refused: BaseException
+    ) -> None:
+        """The end of ``ran`` (its step concluded here) was refused as it is (``refused``, not
+        the database's passing trouble): the partition ends FAILED as the database holds it
+        (``se``: its context as last committed), its exit description saying how the step had
+        ended and what was refused, for a person to judge before a restart runs it again. Not
+        tried again: what was refused would be refused again."""
+        p = task.partition
+        log.error(
+            "node %s could not record the end of partition %s (%s): %s; it is recorded FAILED",
+            task.identity.node_id,
+            p.partition_name,
+            p.step_execution_id,
+            brief(refused),
+        )
+        se.fence = self.executor._fence_for(task)
+        se.failure_exceptions.append(refused)
+        self.executor._end_without_running(
+            task,
+            se,
+            f"partition {p.partition_name} ended {ran.status.value} on node "
+            f"{task.identity.node_id}, but the database refused its end: {brief(refused)}",
         )
 
     def _adopt_following(self, task: Task) -> None:

@@ -243,6 +243,27 @@ def fail_statements(engine: Engine, *, times: int, when: Callable[[str, Any], bo
     return injected
 
 
+def refuse_statements(engine: Engine, *, times: int, when: Callable[[str, Any], bool]) -> Injected:
+    """Refuse the first ``times`` statements on ``engine`` for which ``when(sql, parameters)``
+    is true, as a database refuses a statement as it is (a value too long for its column): the
+    driver's ``DataError``, which no provider calls transient, before the server ran them."""
+    injected = Injected()
+    lock = threading.Lock()
+    refused = engine.dialect.loaded_dbapi.DataError
+
+    def do_execute(cursor: Any, statement: str, parameters: Any, context: Any) -> None:
+        with lock:
+            if injected.count >= times or not when(statement, parameters):
+                return
+            injected.count += 1
+        raise refused("value too long for its column (refused by the test)")
+
+    for name in ("do_execute", "do_executemany"):
+        event.listen(engine, name, do_execute)
+        injected._undo.append(lambda name=name: event.remove(engine, name, do_execute))
+    return injected
+
+
 def lose_commit_acks(engine: Engine, *, times: int, when: Callable[[list[str]], bool]) -> Injected:
     """For the first ``times`` transactions on ``engine`` whose statements satisfy ``when``:
     commit, then fail as if the connection dropped before the acknowledgement arrived (the

@@ -16,7 +16,7 @@ from sqlalchemy import select, update
 from dbcluster.batch import Job, PartitionStep, RepeatStatus, TaskletStep
 from dbcluster.batch.exceptions import JobRestartError
 from dbcluster.batch.status import BatchStatus
-from dbcluster.schema import job_coordination, partitions
+from dbcluster.schema import job_coordination, partitions, step_execution
 from dbcluster.testing.app import (
     FAST_SETTINGS,
     RangePartitioner,
@@ -31,6 +31,7 @@ from dbcluster.testing.control import (
     lose_commit_acks,
     lose_results,
     record_events,
+    refuse_statements,
 )
 from dbcluster.testing.waiting import in_thread, wait_for
 
@@ -288,6 +289,54 @@ def test_a_completed_partition_whose_end_an_outage_kept_from_being_written_is_no
     assert len(rows) == 4 and set(Counter(rows).values()) == {1}, Counter(rows)
     parts = _partitions_of(backend, execution.id)
     assert {(p.status, p.attempt) for p in parts} == {("COMPLETED", 1)}, parts
+
+
+def test_a_partition_whose_end_the_database_refuses_is_recorded_failed_not_tried_forever(
+    backend: Backend, make_cluster
+) -> None:
+    """The step's work committed, then its final write is refused as it is (a value too long
+    for its column, say), not by the database's passing trouble: writing it again every
+    heartbeat would leave the partition CLAIMED on a live node for good, and the job hanging.
+    The node records the partition FAILED from what the database holds, with the reason, and
+    the job ends."""
+    registry = build_registry()
+    worker_step = TaskletStep("refused.worker", _effect_each_call, listeners=[_AfterStep()])
+    registry.register(
+        Job("refused", [PartitionStep("refused.master", worker_step, RangePartitioner(True))])
+    )
+    master = make_cluster(PATIENT, work=False, registry=registry)
+    worker = make_cluster(PATIENT, registry=registry)
+    # The step's end (its work is committed by then: the listener parts the two), not the
+    # FAILED end recorded instead (its exit description names what was refused).
+    refused = refuse_statements(
+        worker.node.work_engine,
+        times=10**9,
+        when=lambda sql, params: (
+            "batch_step_execution" in sql
+            and "COMPLETED" in str(params)
+            and "refused its end" not in str(params)
+        ),
+    )
+    try:
+        run = in_thread(lambda: master.launch("refused", {"run": 1}))
+        run["thread"].join(30)
+        assert not run["thread"].is_alive(), "the job hangs: the refused end is tried forever"
+    finally:
+        refused.remove()
+    assert refused.count >= 1, "the fault was not injected"
+    execution = run["result"]
+    assert execution.status is BatchStatus.FAILED, execution.exit_status
+    assert len(ledger_rows_of(backend, execution.id)) == 4  # the work committed, once
+    parts = _partitions_of(backend, execution.id)
+    assert {(p.status, p.attempt) for p in parts} == {("FAILED", 1)}, parts
+    with backend.engine.connect() as conn:
+        described = conn.execute(
+            select(step_execution.c.exit_message).where(
+                step_execution.c.job_execution_id == execution.id,
+                step_execution.c.step_name.like("refused.worker:%"),
+            )
+        ).scalars()
+        assert all("refused its end" in (d or "") for d in described), described
 
 
 def ledger_rows_of(backend: Backend, job_execution_id: int) -> list[str]:
