@@ -4,8 +4,9 @@
 Every command that connects (``init``, ``migrate``, ``worker``, ``launch``, ``restart``,
 ``status``, ``stop``, ``submit``, ``prune``, ``web``...) gets its engine here, so what happens
 when the database does not answer is decided once. A restart, a crash recovery or a switchover
-is a passing outage (DESIGN.md §9): the command tries again, one WARNING line per failed try
-(no traceback), for at most ``--connect-timeout`` (``DBCLUSTER_CONNECT_TIMEOUT``, 60 s by
+is a passing outage (DESIGN.md §9): the command tries again, with one WARNING line when the
+outage begins and one INFO line when it ends (no traceback; each later try is a DEBUG record),
+for at most ``--connect-timeout`` (``DBCLUSTER_CONNECT_TIMEOUT``, 60 s by
 default) from the first failure, then gives up in one line naming the URL (without its
 password) and the driver's reason, exit status 3 (:class:`~dbcluster.errors.
 DatabaseUnreachableError`). What is passing is the provider's judgement
@@ -22,6 +23,8 @@ from __future__ import annotations
 
 import logging
 import os
+import time
+import weakref
 from collections.abc import Callable
 from enum import Enum
 from typing import TYPE_CHECKING, TypeVar
@@ -103,29 +106,36 @@ def ride_out(
 ) -> T:
     """``work()`` (a read, or a write that is safe to repeat: it either committed or did not),
     tried again while it fails on a passing database error, for what is left of the command's
-    connect timeout (one warning per failed try); then
-    :class:`~dbcluster.errors.DatabaseUnreachableError` (exit 3). Other errors are raised at
-    once, and so is a commit whose outcome is unknown: repeating it could do the work twice.
-    ``what`` names the work in the warnings. ``fresh``: a wait of its own, with the whole
-    timeout (work long after the command's start, such as a launch's summary once its job
-    ended)."""
+    connect timeout (one warning when the wait begins, one line when it ends: see
+    :func:`_warn`, :func:`_back`); then :class:`~dbcluster.errors.DatabaseUnreachableError`
+    (exit 3). Other errors are raised at once, and so is a commit whose outcome is unknown:
+    repeating it could do the work twice. ``what`` names the work in those lines. ``fresh``: a
+    wait of its own, with the whole timeout (work long after the command's start, such as a
+    launch's summary once its job ended)."""
     from dbcluster.batch.transactions import UnclearCommitError
     from dbcluster.dialects import get_provider
 
     provider = get_provider(engine)
     run = _policy(connect_timeout_s()).start(what) if fresh else _command_run()
+    waited_since: float | None = None
     while True:
         try:
-            return work()
+            result = work()
         except Exception as error:
             if isinstance(error, UnclearCommitError) or not is_outage(error, provider):
                 raise
             run.accepts(error)  # the first passing error starts the deadline
             if run.exhausted():
                 raise _gave_up(engine, error, run) from error
+            if waited_since is None:
+                waited_since = time.monotonic()
             _warn(engine, what, run, error)
             if not run.again(error):
                 raise _gave_up(engine, error, run) from error
+        else:
+            if waited_since is not None:
+                _back(engine, what, run, time.monotonic() - waited_since)
+            return result
 
 
 def is_outage(error: BaseException, provider: QueryProvider | None = None) -> bool:
@@ -160,20 +170,52 @@ def _gave_up(engine: Engine, error: BaseException, run: Retrying) -> DatabaseUnr
 
 
 def _warn(engine: Engine, what: str, run: Retrying, error: BaseException) -> None:
-    """One line per failed try: a WARNING record where the command logs (a worker, a launch's
-    master), else a warning line on stderr in the command's log format."""
-    from dbcluster.cli.output import announce
+    """A failed try: the first of the command's wait (``run``) is one warning line (a WARNING
+    record where the command logs, as a worker or a launch's master does, else a warning line
+    on stderr in the command's log format); a later one is a DEBUG record (a routine outage is
+    one warning, not one per try)."""
     from dbcluster.masking import safe_url
 
     left = max(0.0, (run.deadline or 0.0) - run.policy.clock())
-    line = (
-        f"database unavailable ({what}, try {run.attempt}): {safe_url(engine.url)}: "
-        f"{reason_of(error)}; trying again for up to {left:.1f} s"
+    if run in _warned:
+        log.debug(
+            "database still unavailable (%s, try %d): %s", what, run.attempt, reason_of(error)
+        )
+        return
+    _warned.add(run)
+    _line(
+        f"database unavailable ({what}): {safe_url(engine.url)}: {reason_of(error)}; "
+        f"trying again for up to {left:.1f} s",
+        warning=True,
     )
+
+
+def _back(engine: Engine, what: str, run: Retrying, waited_s: float) -> None:
+    """The database answered again after this call waited: one line (an INFO record where the
+    command logs, else an info line on stderr)."""
+    from dbcluster.masking import safe_url
+
+    tries = run.attempt
+    _line(
+        f"database available again ({what}): {safe_url(engine.url)} "
+        f"(after {waited_s:.1f} s, {tries} tries)",
+        warning=False,
+    )
+
+
+def _line(text: str, *, warning: bool) -> None:
+    from dbcluster.cli.output import announce
+
     if logging.getLogger().handlers:
-        log.warning("%s", line)
-    else:
-        announce(f"warning: {line}", _log_format(), warning=True)
+        log.log(logging.WARNING if warning else logging.INFO, "%s", text)
+        return
+    log_format = _log_format()
+    prefix = "" if log_format == "json" else ("warning: " if warning else "info: ")
+    announce(prefix + text, log_format, warning=warning)
+
+
+#: The waits (:class:`~dbcluster.retry.Retrying`) that have said the database is unavailable.
+_warned: weakref.WeakSet[Retrying] = weakref.WeakSet()
 
 
 def set_connect_timeout(value: float) -> None:

@@ -71,8 +71,8 @@ def url_option(required: bool = True, *, connects: bool = True) -> Callable[[Any
 
 CONNECT_TIMEOUT_HELP = (
     "How long to wait out a database that is unavailable (restarting, failing over), trying "
-    "again with one warning per try, before exiting 3 (30s, 2m; a bare number is seconds; 0: "
-    "try once; or set DBCLUSTER_CONNECT_TIMEOUT)."
+    "again (one warning for the wait), before exiting 3 (30s, 2m; a bare number is seconds; "
+    "0: try once; or set DBCLUSTER_CONNECT_TIMEOUT)."
 )
 
 
