@@ -79,3 +79,13 @@ def hold(fence: Fence | None, conn: Connection) -> None:
     """:meth:`Fence.hold` when there is a fence."""
     if fence is not None:
         fence.hold(conn)
+
+
+def met_outage(fence: Fence | None, error: BaseException) -> bool:
+    """Whether ``error``, what failed a step, is the database's passing trouble that the owner
+    of the step's ``fence`` reports as an outage of its own (one WARNING per outage, however many
+    steps it failed; a cluster node's partitions): a fence may offer ``met_outage(error)`` (an
+    optional method). Without it, or without a fence, False: the step's failure is its own
+    WARNING."""
+    offer = getattr(fence, "met_outage", None)
+    return offer is not None and bool(offer(error))

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from sqlalchemy import Connection
 
 from dbcluster.batch.domain import StepExecution, utcnow
-from dbcluster.batch.fence import FencedError, FoldedGuard
+from dbcluster.batch.fence import FencedError, FoldedGuard, met_outage
 from dbcluster.batch.listeners import call_listeners
 from dbcluster.batch.observe import observers
 from dbcluster.batch.status import BatchStatus, ExitStatus
@@ -239,7 +239,17 @@ class Step(ABC):
             observers.step_ended(se, lost)
             raise
         except Exception as error:
-            log.warning("step %s (execution %s) failed: %s", se.step_name, se.id, brief(error))
+            if met_outage(se.fence, error):
+                # The database's passing trouble: the step's owner says so once per outage, and
+                # announces the outcome (tried again, or failed) once it is recorded.
+                log.info(
+                    "step %s (execution %s) met a database outage: %s",
+                    se.step_name,
+                    se.id,
+                    brief(error),
+                )
+            else:
+                log.warning("step %s (execution %s) failed: %s", se.step_name, se.id, brief(error))
             se.failure_exceptions.append(error)
             se.status = BatchStatus.FAILED
             code = getattr(error, "exit_code", None)

@@ -24,7 +24,7 @@ from dbcluster.cluster.identity import Identity
 from dbcluster.cluster.patience import is_passing
 from dbcluster.cluster.store import ClaimedPartition, NodeRemovedError
 from dbcluster.cluster.task import Task
-from dbcluster.retry import Retry, brief, warn_once
+from dbcluster.retry import Retry, brief
 
 if TYPE_CHECKING:
     from dbcluster.batch.domain import StepExecution
@@ -59,6 +59,8 @@ class Slots(Protocol):
 
     def _end_without_running(self, task: Task, se: StepExecution, message: str) -> None: ...
 
+    def met_outage(self, error: BaseException) -> bool: ...
+
     def _recorded(self, task: Task, outcome: str | None, se: StepExecution) -> None: ...
 
 
@@ -74,15 +76,25 @@ class Aftermath:
         self, identity: Identity, retry_on: Callable[[BaseException], bool]
     ) -> Retry:
         """Tries of work that must be done (what a landed claim won, an outcome to record):
-        every heartbeat interval after an error ``retry_on`` accepts (one WARNING for the whole
-        wait), until the node no longer acts under ``identity`` (:meth:`gone`); a fenced
-        write is never tried again."""
+        every heartbeat interval after an error ``retry_on`` accepts (said once for the whole
+        wait: :meth:`_waiting`), until the node no longer acts under ``identity``
+        (:meth:`gone`); a fenced write is never tried again."""
         return Retry.every(
             self.context.settings.heartbeat_interval / 1000,
             lambda exc: not isinstance(exc, FencedError) and retry_on(exc),
             give_up=lambda: self.gone(identity),
-            on_retry=warn_once(log),
+            on_retry=self._waiting,
         )
+
+    def _waiting(self, what: str, attempt: int, error: BaseException) -> None:
+        """A wait's one line, "<what> yet: <error>": INFO when ``error`` is the database's
+        passing trouble (the node's outage has its one WARNING: see
+        :meth:`Executor.met_outage <dbcluster.cluster.executor.Executor.met_outage>`), else a
+        WARNING."""
+        if attempt != 1:
+            return
+        level = logging.INFO if self.executor.met_outage(error) else logging.WARNING
+        log.log(level, "%s yet: %s", what, brief(error))
 
     def _until_read(self, identity: Identity) -> Retry:
         """Tries of a read that must be made: while the database's trouble passes. Anything

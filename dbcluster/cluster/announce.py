@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from dbcluster.batch.step import failure_line
 from dbcluster.cluster.fencing import RELEASED, RETRIED
+from dbcluster.retry import brief
 from dbcluster.states import PARTITION_COMPLETED
 
 if TYPE_CHECKING:
@@ -68,23 +69,44 @@ class Announcer:
             self.events.completed(node_id, p.partition_name, p.step_execution_id)
 
     def recorded(
-        self, node_id: str, p: PendingPartition, outcome: str | None, why: str | None = None
+        self,
+        node_id: str,
+        p: PendingPartition,
+        outcome: str | None,
+        why: str | None = None,
+        *,
+        outage: BaseException | None = None,
     ) -> None:
         """A partition's outcome, recorded by its final write (None: it failed; ``why``: its
-        step execution's exit description, of which a failure's line gives the cause)."""
+        step execution's exit description, of which a failure's line gives the cause;
+        ``outage``: the database's passing trouble that failed it, which its node reports once
+        per outage: a try that gets another then says so at INFO, not in a WARNING of its
+        own)."""
         events = self.events
         if outcome == RELEASED:
             log.info("node %s handed back stopped partition %s", node_id, p.partition_name)
             events.released(node_id, p.partition_name, p.step_execution_id)
         elif outcome == RETRIED:
-            log.warning(
-                "node %s: partition %s (%s) failed on attempt %d of %d; it will be tried again",
-                node_id,
-                p.partition_name,
-                p.step_execution_id,
-                p.attempt,
-                p.max_attempts,
-            )
+            if outage is not None:
+                log.info(
+                    "node %s: partition %s (%s) met a database outage on attempt %d of %d; it "
+                    "will be tried again (%s)",
+                    node_id,
+                    p.partition_name,
+                    p.step_execution_id,
+                    p.attempt,
+                    p.max_attempts,
+                    brief(outage),
+                )
+            else:
+                log.warning(
+                    "node %s: partition %s (%s) failed on attempt %d of %d; it will be tried again",
+                    node_id,
+                    p.partition_name,
+                    p.step_execution_id,
+                    p.attempt,
+                    p.max_attempts,
+                )
             events.retried(node_id, p.partition_name, p.step_execution_id, p.attempt)
         elif outcome == PARTITION_COMPLETED:
             log.info(

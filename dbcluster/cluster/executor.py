@@ -39,6 +39,7 @@ from dbcluster.cluster.fencing import PartitionFence
 from dbcluster.cluster.grouping import Grouping
 from dbcluster.cluster.identity import Identity
 from dbcluster.cluster.patience import is_passing
+from dbcluster.cluster.service import Outage
 from dbcluster.cluster.store import ClaimedPartition, PendingPartition
 from dbcluster.cluster.task import CLAIMED, DONE, RELEASING, RUNNING, Task
 from dbcluster.retry import brief
@@ -121,6 +122,8 @@ class Executor:
         self.aftermath = Aftermath(self)
         #: Slots running (each a partition, a chain of them, or a group).
         self._busy = 0
+        #: A database outage as this node's partitions meet it (see :meth:`met_outage`).
+        self.outage = Outage("partitions")
 
     @property
     def load(self) -> int:
@@ -314,10 +317,12 @@ class Executor:
             self._ran_for(time.monotonic() - began)
             self.grouping.ran_alone(task)
         except Exception as error:  # noqa: BLE001 - recorded once the database answers
-            if identity.is_fenced or is_passing(self.store.provider, error):
-                # The database's passing trouble, or a node that may no longer write: its
-                # outcome is recorded once the database answers (or left to its master).
-                log.warning(
+            if identity.is_fenced or self.met_outage(error):
+                # The database's passing trouble (the node's outage says so once), or a node
+                # that may no longer write: its outcome is recorded once the database answers
+                # (or left to its master).
+                log.log(
+                    logging.WARNING if identity.is_fenced else logging.INFO,
                     "node %s could not finish partition %s yet: %s",
                     identity.node_id,
                     p.partition_name,
@@ -381,7 +386,18 @@ class Executor:
             max_attempts=p.max_attempts,
             retryable=lambda se: self._retryable(p.worker_step_name, se),
             next_partition=next_partition,
+            outage=self.met_outage,
         )
+
+    def met_outage(self, error: BaseException) -> bool:
+        """Whether ``error``, what stopped a partition, is the database's passing trouble: then
+        it is this node's outage, one WARNING when it begins however many partitions it
+        interrupts (each says so at INFO), and one INFO once a partition's outcome is recorded
+        again (:meth:`_recorded`)."""
+        if not is_passing(self.store.provider, error):
+            return False
+        self.outage.began(error)
+        return True
 
     def _retryable(self, worker_step_name: str, se: StepExecution) -> bool:
         """Whether a failed try is worth another: its partitioned step declares the failure
@@ -450,10 +466,20 @@ class Executor:
         self._recorded(task, se.fence.outcome, se)
 
     def _recorded(self, task: Task, outcome: str | None, se: StepExecution) -> None:
+        fence = se.fence
+        if isinstance(fence, PartitionFence) and fence.finishing_since is not None:
+            # A final write that began after the outage did and landed: it is over.
+            self.outage.ended(fence.finishing_since)
+        provider = self.store.provider
+        errors = se.failure_exceptions
         # The exit description says why a partition failed (its outcome is PARTITION_FAILED
         # once its final write landed; the announcement reads it only then).
         self.announce.recorded(
-            task.identity.node_id, task.partition, outcome, se.exit_status.description
+            task.identity.node_id,
+            task.partition,
+            outcome,
+            se.exit_status.description,
+            outage=errors[0] if errors and all(is_passing(provider, e) for e in errors) else None,
         )
 
     def _lost(self, task: Task, reason: str) -> None:

@@ -12,6 +12,7 @@ transaction rolls back.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -43,7 +44,8 @@ class PartitionFence:
     ``stopping`` says whether the node is leaving (a STOPPED transferable partition is then
     handed back rather than failed). A FAILED transferable partition with tries left
     (``attempt < max_attempts``) whose failure ``retryable`` accepts is put back for another
-    try instead of failed.
+    try instead of failed. ``outage(error)`` says whether ``error`` is the database's passing
+    trouble and reports it as the node's outage (see :meth:`met_outage`).
     """
 
     def __init__(
@@ -59,6 +61,7 @@ class PartitionFence:
         max_attempts: int = 1,
         retryable: Callable[[StepExecution], bool] = lambda _: False,
         next_partition: Callable[[], int | None] | None = None,
+        outage: Callable[[BaseException], bool] | None = None,
     ) -> None:
         self.store = store
         self.step_execution_id = step_execution_id
@@ -79,12 +82,22 @@ class PartitionFence:
         #: What the final write's claim of the next partition read back (its last try), when
         #: it was written: a row whose ``p_id`` is NULL when that partition was not won.
         self.next_claim: Any | None = None
+        self.outage = outage
+        #: When the final write's last try began (monotonic), None before one did: a final
+        #: write that landed proves the database answered from then on.
+        self.finishing_since: float | None = None
 
     def _refuse(self, why: str) -> FencedError:
         return FencedError(
             f"partition {self.step_execution_id} is no longer held by {self.node_id} under "
             f"attempt {self.attempt}: {why}; this transaction was rolled back"
         )
+
+    def met_outage(self, error: BaseException) -> bool:
+        """Whether the step's failure ``error`` is the database's passing trouble, which its
+        node reports once per outage (the step then says so at INFO): not for a fenced node,
+        whose failures are its own to report."""
+        return not self.fenced.is_set() and self.outage is not None and self.outage(error)
 
     def hold(self, conn: Connection) -> None:
         if self.fenced.is_set():
@@ -96,6 +109,7 @@ class PartitionFence:
         if self.fenced.is_set():
             raise self._refuse(f"node {self.node_id} is fenced")
         assert isinstance(execution, StepExecution)
+        self.finishing_since = time.monotonic()
         outcome = self.outcome_of(execution)
         changed = self.store.end_partition(
             conn, outcome, self.step_execution_id, self.node_id, self.attempt
@@ -110,6 +124,7 @@ class PartitionFence:
         if self.fenced.is_set():
             raise self._refuse(f"node {self.node_id} is fenced")
         assert isinstance(execution, StepExecution)
+        self.finishing_since = time.monotonic()
         outcome = self.outcome_of(execution)
         statement = self.store.end_partition_statement(outcome)
         if statement is None:

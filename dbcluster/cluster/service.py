@@ -40,8 +40,9 @@ def _always() -> bool:
 
 
 class Outage:
-    """What one service has seen of a database outage: one WARNING when it begins, one INFO
-    when it ends (see the module doc)."""
+    """What one service (or a node's running partitions: see ``Executor.met_outage``) has seen
+    of a database outage: one WARNING when it begins, one INFO when it ends (see the module
+    doc)."""
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -60,12 +61,18 @@ class Outage:
         else:
             log.debug("service %s: database still unavailable (%s)", self.name, brief(error))
 
-    def ended(self) -> None:
+    def ended(self, proof_began: float | None = None) -> None:
+        """A piece of work reached the database: the outage (if any) is over. ``proof_began``
+        (monotonic): when that work began, where another thread may have met the outage
+        meanwhile (a partition's write that landed just before the outage proves nothing of
+        it); None: it began after this service last met the outage (its own turn)."""
         with self._lock:
-            since, self.since = self.since, None
-        if since is not None:
-            took = time.monotonic() - since
-            log.info("service %s: database available again (after %.1f s)", self.name, took)
+            since = self.since
+            if since is None or (proof_began is not None and proof_began < since):
+                return
+            self.since = None
+        took = time.monotonic() - since
+        log.info("service %s: database available again (after %.1f s)", self.name, took)
 
 
 class Service:

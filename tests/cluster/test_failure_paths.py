@@ -171,10 +171,11 @@ PATIENT = FAST_SETTINGS.with_overrides(unreachable_threshold=2000, cleanup_thres
 
 
 class _Logged(logging.Handler):
-    """Sets ``seen`` once a record of the node's logger contains ``text``."""
+    """Sets ``seen`` once a record of the node's logger contains ``text`` (at INFO: the
+    database's passing trouble is the node's outage's one WARNING, not each partition's)."""
 
     def __init__(self, text: str) -> None:
-        super().__init__(logging.WARNING)
+        super().__init__(logging.INFO)
         self.text = text
         self.seen = threading.Event()
 
@@ -190,6 +191,8 @@ def _outage(engine: Any, starts_with: str) -> Iterator[tuple[Any, _Logged]]:
     then in the loop that writes that end once the database answers)."""
     logged = _Logged("cannot record partition")
     node_log = logging.getLogger("dbcluster.node")
+    level = node_log.level
+    node_log.setLevel(logging.INFO)
     node_log.addHandler(logged)
     began: list[float] = []
     lock = threading.Lock()
@@ -208,6 +211,7 @@ def _outage(engine: Any, starts_with: str) -> Iterator[tuple[Any, _Logged]]:
     finally:
         failed.remove()
         node_log.removeHandler(logged)
+        node_log.setLevel(level)
 
 
 def _partitions_of(backend: Backend, job_execution_id: int) -> list[Any]:
