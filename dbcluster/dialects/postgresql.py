@@ -42,7 +42,7 @@ from sqlalchemy.engine import URL, Connection, Dialect
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.types import NullType, TypeDecorator, TypeEngine
 
-from dbcluster.dialects import postgresql_pooler
+from dbcluster.dialects import postgresql_pooler, psycopg_logs
 from dbcluster.dialects.base import POOLER_OPTION, Listener, SessionLimits
 from dbcluster.dialects.postgresql_ctes import WritableCTEProvider
 from dbcluster.errors import ConfigurationError
@@ -50,6 +50,9 @@ from dbcluster.schema import PARAMETER_COLUMNS, ShortText, nodes
 
 #: What a channel name made by :meth:`QueryProvider.wake_channel` looks like (it goes into
 #: ``LISTEN`` as an identifier, which cannot be a bound parameter).
+# psycopg's own echo of a lost connection is no WARNING of a routine outage (see the module).
+psycopg_logs.install()
+
 _CHANNEL = re.compile(r"^[a-z0-9_]{1,63}$")
 
 #: SQLSTATEs worth repeating: serialization failure, deadlock, lock not available, admin/crash
