@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from dbcluster.cluster.events import ClusterEvents
 from dbcluster.cluster.identity import Identity
 from dbcluster.cluster.membership import Membership
+from dbcluster.cluster.service import Outages
 from dbcluster.cluster.settings import ClusterSettings
 from dbcluster.cluster.store import CoordinationStore
 
@@ -60,6 +61,8 @@ class NodeContext:
     events: ClusterEvents
     membership: Membership
     masters: Masters = field(default_factory=Masters)
+    #: The node's database outages, which its services and partitions report together.
+    outages: Outages = field(default_factory=Outages)
 
     def usable_identity(self) -> Identity | None:
         """The identity the node may act under now (see :meth:`Membership.usable_identity`)."""

@@ -123,7 +123,7 @@ class Executor:
         #: Slots running (each a partition, a chain of them, or a group).
         self._busy = 0
         #: A database outage as this node's partitions meet it (see :meth:`met_outage`).
-        self.outage = Outage("partitions")
+        self.outage = Outage("partitions", context.outages)
 
     @property
     def load(self) -> int:

@@ -25,9 +25,9 @@ from dbcluster.cluster.assignment import AssignmentStrategy, LeastLoaded, RoundR
 from dbcluster.cluster.mastership import Mastership, MastershipLostError
 from dbcluster.cluster.patience import Patience, is_connectivity_error
 from dbcluster.cluster.placement import NoLiveNodeError, Placer, Planned
+from dbcluster.cluster.service import Outage
 from dbcluster.cluster.store import OrphanedPartition
 from dbcluster.errors import ConfigurationError
-from dbcluster.retry import brief
 from dbcluster.states import (
     COORD_MASTERED,
     PARTITION_CLAIMED,
@@ -240,7 +240,9 @@ class ClusterPartitionHandler:
         its partitions looks, and checks for orphans, at once."""
         store, settings = self.store, self.context.settings
         no_node_since: float | None = None
-        warned = False
+        # The node's outages: one WARNING for one, however many of its services and masters
+        # meet it (see cluster/service.py).
+        outage = Outage("master", self.context.outages, who=f"master {mastership.node_id}")
         # A short step ends within milliseconds of its placement: look soon, then at doubling
         # intervals up to master_check_interval, sooner while partitions are ending.
         pace = CheckPace(FIRST_CHECK_MS, settings.master_check_interval)
@@ -252,6 +254,7 @@ class ClusterPartitionHandler:
             mastership.check()
             try:
                 counts = store.counts(master.id)
+                outage.ended()  # (if it met one) the database answers again
                 if self.progress is not None:
                     self.progress(master.id, counts)
                 in_flight = sum(counts.get(s, 0) for s in PARTITION_IN_FLIGHT)
@@ -273,17 +276,12 @@ class ClusterPartitionHandler:
                         no_node_since,
                         stopping=master.job_execution.stop_requested,
                     )
-                warned = False
             except FencedError:
                 raise
             except Exception as error:
                 if not is_connectivity_error(error) and not store.provider.is_transient(error):
                     raise
-                if not warned:
-                    log.warning(
-                        "master %s waits for the database: %s", mastership.node_id, brief(error)
-                    )
-                    warned = True
+                outage.began(error)  # the node's one WARNING, unless it gave it already
                 pause_ms = pace.backoff_ms()
             time.sleep(pause_ms / 1000)
 

@@ -211,6 +211,7 @@ class Node:
             on_death=self._service_died,
             is_outage=lambda error: is_passing(provider, error),
             has_identity=lambda: self.membership.usable_identity() is not None,
+            outages=self.context.outages,
         )
         #: The executions this node works for, watched for stop requests.
         self.stop_requests = StopRequests(self.store, self.settings)

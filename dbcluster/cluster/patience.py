@@ -20,7 +20,8 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from dbcluster.batch.fence import FencedError
 from dbcluster.batch.transactions import UnclearCommitError
-from dbcluster.retry import Retry, warn_once
+from dbcluster.cluster.service import Outage, Outages
+from dbcluster.retry import Retry, brief, warn_once
 
 if TYPE_CHECKING:
     from dbcluster.cluster.context import NodeContext
@@ -66,22 +67,31 @@ class Patience:
     """How a master waits the database out: it runs its work until it succeeds, trying again
     every ``pause_ms`` after a database error (:func:`is_connectivity_error`, or one the
     provider's ``is_transient`` names) while its node is the master; a fenced node stops
-    (:class:`MastershipLostError`), and any other error is raised at once. One WARNING per
-    wait."""
+    (:class:`MastershipLostError`), and any other error is raised at once. A wait is part of
+    the node's outage (``outages``: its one WARNING, unless a service or another master of the
+    node gave it already, and one INFO when the work gets through; without ``outages``, one
+    WARNING per wait), and says at INFO what it waits to do."""
 
-    def __init__(self, is_transient: Callable[[BaseException], bool], pause_ms: int) -> None:
+    def __init__(
+        self,
+        is_transient: Callable[[BaseException], bool],
+        pause_ms: int,
+        outages: Outages | None = None,
+    ) -> None:
         def waits_out(error: BaseException) -> bool:
             if isinstance(error, FencedError):
                 return False
             return is_connectivity_error(error) or is_transient(error)
 
         self.retry = Retry.every(pause_ms / 1000, waits_out, on_retry=warn_once(log))
+        self.outages = outages
 
     @classmethod
     def of(cls, context: NodeContext) -> Patience:
         """A node's masters' patience: the provider's transient errors, every
-        ``master_check_interval``."""
-        return cls(context.store.provider.is_transient, context.settings.master_check_interval)
+        ``master_check_interval``, reported with the node's outages."""
+        provider, settings = context.store.provider, context.settings
+        return cls(provider.is_transient, settings.master_check_interval, context.outages)
 
     def run(self, mastership: Mastership, work: Callable[[], T], what: str) -> T:
         """``work()`` once it succeeds (see the class doc); ``what`` it does, for the log."""
@@ -90,4 +100,16 @@ class Patience:
             mastership.check()
             return work()
 
-        return self.retry.call(as_master, f"master {mastership.node_id} cannot {what}")
+        doing = f"master {mastership.node_id} cannot {what}"
+        if self.outages is None:
+            return self.retry.call(as_master, doing)
+        outage = Outage("master", self.outages, who=f"master {mastership.node_id}")
+
+        def waiting(what: str, attempt: int, error: BaseException) -> None:
+            if attempt == 1:
+                log.info("%s yet: %s", what, brief(error))
+            outage.began(error)
+
+        done = self.retry.but(on_retry=waiting).call(as_master, doing)
+        outage.ended()
+        return done

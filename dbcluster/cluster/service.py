@@ -5,9 +5,11 @@ failures, and has a stop path. A :class:`ServiceGroup` starts and stops a node's
 order and tells the node when one of them died, so a node never goes on half-alive.
 
 A database outage (a restart, a crash, a switchover: errors the node's provider calls passing,
-``is_outage``) is routine: each service logs one WARNING when it begins to meet it ("database
-unavailable; retrying", no traceback), nothing while it lasts, and one INFO once a turn works
-again. Any other failure of a body is an ERROR with its traceback: someone must look.
+``is_outage``) is routine: the node logs one WARNING when the first of its services meets it
+("service heartbeat: database unavailable; retrying", no traceback), nothing while it lasts
+(the other services that meet it say so at DEBUG), and one INFO once a service that met it gets
+through again (:class:`Outages`). Any other failure of a body is an ERROR with its traceback:
+someone must look.
 
 A service remembers when a turn last did its work (:attr:`Service.last_good`): the lease of
 a leased service (:mod:`dbcluster.cluster.maintenance.leases`) is renewed only while its
@@ -39,13 +41,53 @@ def _always() -> bool:
     return True
 
 
+class Outages:
+    """A node's database outages, as all its services (and its running partitions) meet them:
+    one WARNING when the first meets one, one INFO when one that met it gets through again. A
+    service that met it and has not got through since stays in its own outage
+    (:class:`Outage`): its errors meanwhile are DEBUG records, not a new outage (a pool whose
+    connections the restart broke fails once more on its next turn, after another service
+    already got through)."""
+
+    def __init__(self) -> None:
+        #: When the node's current outage began (monotonic), or None.
+        self.since: float | None = None
+        self._lock = threading.Lock()
+
+    def began(self, who: str, error: BaseException) -> None:
+        """``who`` ("service heartbeat"), not in an outage of its own until now, met
+        ``error``."""
+        with self._lock:
+            first = self.since is None
+            if first:
+                self.since = time.monotonic()
+        if first:
+            log.warning("%s: database unavailable; retrying (%s)", who, brief(error))
+        else:
+            log.debug("%s: database unavailable too (%s)", who, brief(error))
+
+    def ended(self, who: str) -> None:
+        """``who``, which met the outage, got through again."""
+        with self._lock:
+            since, self.since = self.since, None
+        if since is not None:
+            took = time.monotonic() - since
+            log.info("%s: database available again (after %.1f s)", who, took)
+        else:
+            log.debug("%s: database available again", who)
+
+
 class Outage:
     """What one service (or a node's running partitions: see ``Executor.met_outage``) has seen
-    of a database outage: one WARNING when it begins, one INFO when it ends (see the module
-    doc)."""
+    of a database outage, reported through the node's :class:`Outages` (its own, where the
+    service stands alone): the node's one WARNING when it begins, one INFO when it ends (see
+    the module doc)."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, node: Outages | None = None, *, who: str | None = None) -> None:
         self.name = name
+        self.node = node if node is not None else Outages()
+        #: How the log lines name it ("service heartbeat", "master n1").
+        self.who = who or f"service {name}"
         #: When the service first met the outage (monotonic), or None.
         self.since: float | None = None
         # The heartbeat's outage also ends on the poller's thread (a carried beat).
@@ -57,9 +99,9 @@ class Outage:
             if first:
                 self.since = time.monotonic()
         if first:
-            log.warning("service %s: database unavailable; retrying (%s)", self.name, brief(error))
+            self.node.began(self.who, error)
         else:
-            log.debug("service %s: database still unavailable (%s)", self.name, brief(error))
+            log.debug("%s: database still unavailable (%s)", self.who, brief(error))
 
     def ended(self, proof_began: float | None = None) -> None:
         """A piece of work reached the database: the outage (if any) is over. ``proof_began``
@@ -71,8 +113,7 @@ class Outage:
             if since is None or (proof_began is not None and proof_began < since):
                 return
             self.since = None
-        took = time.monotonic() - since
-        log.info("service %s: database available again (after %.1f s)", self.name, took)
+        self.node.ended(self.who)
 
 
 class Service:
@@ -215,16 +256,20 @@ class ServiceGroup:
         on_death: Callable[[Service, BaseException], None] | None = None,
         is_outage: IsOutage | None = None,
         has_identity: Callable[[], bool] | None = None,
+        outages: Outages | None = None,
     ) -> None:
         self.services: list[Service] = []
         self.on_death = on_death
         self.is_outage = is_outage or _never
         self.has_identity = has_identity or _always
+        #: The node's outages, which its services report together.
+        self.outages = outages if outages is not None else Outages()
 
     def add(self, service: Service) -> Service:
         service.on_death = self.on_death
         service.is_outage = self.is_outage
         service.has_identity = self.has_identity
+        service.outage = Outage(service.name, self.outages)
         self.services.append(service)
         return service
 

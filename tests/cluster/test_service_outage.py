@@ -13,7 +13,7 @@ from sqlalchemy import text
 
 from dbcluster.cluster.membership import Heartbeat, Membership
 from dbcluster.cluster.patience import is_passing
-from dbcluster.cluster.service import Service, ServiceGroup
+from dbcluster.cluster.service import Outages, Service, ServiceGroup
 from dbcluster.cluster.settings import ClusterSettings
 from dbcluster.dialects import get_provider, make_engine
 from dbcluster.testing.harness import wait_until
@@ -335,11 +335,12 @@ def test_a_master_waiting_for_the_database_warns_in_one_line(
     handler.store = Store()  # type: ignore[assignment]
     handler.progress = None
     handler.context = SimpleNamespace(  # type: ignore[assignment]
-        settings=SimpleNamespace(master_check_interval=10, orphan_check_interval=60_000)
+        settings=SimpleNamespace(master_check_interval=10, orphan_check_interval=60_000),
+        outages=Outages(),
     )
     mastership = SimpleNamespace(node_id="n1", check=lambda: None)
     master = SimpleNamespace(id=7, job_execution=SimpleNamespace(stop_requested=False))
-    caplog.set_level(logging.INFO, logger="dbcluster.master")
+    caplog.set_level(logging.INFO, logger="dbcluster")
     pace = handler_module.CheckPace
     try:
         # Short pauses: the back-off of a real master is seconds.
@@ -350,9 +351,11 @@ def test_a_master_waiting_for_the_database_warns_in_one_line(
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1, warnings
     assert warnings[0] == (
-        "master n1 waits for the database: OperationalError: consuming input failed: "
-        "server closed the connection unexpectedly"
+        "master n1: database unavailable; retrying (OperationalError: consuming input failed: "
+        "server closed the connection unexpectedly)"
     )
+    infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert any(i.startswith("master n1: database available again (after ") for i in infos)
 
 
 class _FastPace:
@@ -363,3 +366,44 @@ class _FastPace:
 
     def backoff_ms(self) -> float:
         return 1
+
+
+def test_a_node_says_once_that_the_database_is_away_however_many_services_meet_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The node's services (and its partitions) share one outage: one WARNING when the first
+    meets it, DEBUG for the others, one INFO when one that met it gets through. One that met it
+    and failed once more after another got through (a pool the restart broke) is still in that
+    outage: no WARNING of a new one. A service that got through and fails again meets a new
+    outage: its WARNING."""
+    from dbcluster.cluster.service import Outage
+
+    caplog.set_level(logging.DEBUG, logger="dbcluster.service")
+    error = RuntimeError("server closed the connection unexpectedly")
+    node = Outages()
+    heartbeat, poll, partitions = (Outage(n, node) for n in ("heartbeat", "poll", "partitions"))
+    heartbeat.began(error)
+    poll.began(error)
+    partitions.began(error)
+    poll.began(error)  # still away
+    heartbeat.ended()  # back
+    partitions.began(error)  # a broken pooled connection, met after the heartbeat got through
+    poll.ended()
+    partitions.ended()
+    poll.began(error)  # a new outage
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "dbcluster.service"]
+    levels = [level for level, _ in said]
+    assert levels == ["WARNING", "DEBUG", "DEBUG", "DEBUG", "INFO", "DEBUG", "DEBUG", "DEBUG"] + [
+        "WARNING"
+    ], said
+    assert said[0][1].startswith("service heartbeat: database unavailable; retrying (")
+    assert said[4][1].startswith("service heartbeat: database available again (after ")
+    assert said[-1][1].startswith("service poll: database unavailable; retrying (")
+
+
+def test_a_service_group_shares_its_nodes_outages() -> None:
+    shared = Outages()
+    group = ServiceGroup(outages=shared)
+    one, two = group.add(Scripted([])), group.add(Scripted([]))
+    assert one.outage.node is shared and two.outage.node is shared
+    assert one.outage is not two.outage
