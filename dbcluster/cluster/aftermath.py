@@ -23,10 +23,14 @@ from dbcluster.batch.step import commit_step
 from dbcluster.cluster.identity import Identity
 from dbcluster.cluster.patience import is_passing
 from dbcluster.cluster.store import ClaimedPartition, NodeRemovedError
+from dbcluster.cluster.store.verify import partition_is
 from dbcluster.cluster.task import Task
 from dbcluster.retry import Retry, brief
+from dbcluster.states import PARTITION_FAILED
 
 if TYPE_CHECKING:
+    from sqlalchemy import Connection
+
     from dbcluster.batch.domain import StepExecution
     from dbcluster.batch.repository import JobRepository
     from dbcluster.batch.runtime import BatchRuntime
@@ -62,6 +66,8 @@ class Slots(Protocol):
     def met_outage(self, error: BaseException) -> bool: ...
 
     def _recorded(self, task: Task, outcome: str | None, se: StepExecution) -> None: ...
+
+    def _recorded_failed(self, task: Task, why: str) -> None: ...
 
 
 class Aftermath:
@@ -191,24 +197,86 @@ class Aftermath:
         write the database refuses as it is (a context value too long for its column, say)
         would be refused every time: the partition is recorded FAILED from what the database
         holds of it instead, with the reason (:meth:`_record_refused`), so its job ends rather
-        than hangs. If even that is refused, the node gives the identity up with one ERROR
-        (:meth:`_give_up`): its master recovers the partition."""
+        than hangs. If even that is refused, or the step execution cannot be read (to judge
+        its end), the partition is failed where it is, by a guarded write that reads nothing of
+        it (:meth:`_fail_unread`). Only if that too is refused, or its guard finds the partition
+        gone after a final write that asked to claim the next one (which, if it landed, is
+        CLAIMED here, unread), does the node give the identity up with one ERROR
+        (:meth:`_give_up`): its master recovers what it holds. Not at once: a transferable
+        partition would be placed, at the same attempt, on a node refused the same way, which
+        would give its own id up in turn, without end."""
         identity = task.identity
         if self.gone(identity):  # then its master decides
             return
         provider = self.store.provider
         recording = self._every_heartbeat(identity, lambda exc: is_passing(provider, exc))
+        what = f"cannot record partition {task.partition.step_execution_id}"
         try:
-            recording.call(
-                lambda: self._record_after_error(task, error),
-                f"cannot record partition {task.partition.step_execution_id}",
-            )
+            recording.call(lambda: self._record_after_error(task, error), what)
+            return
         except FencedError:  # its master decides
             return
         except Exception as exc:  # noqa: BLE001 - see the docstring
-            if not self.gone(identity):  # else given up as the node leaves: not ours
-                name = task.partition.partition_name
-                self._give_up(identity, f"could not record the end of partition {name}", exc)
+            refused: BaseException = exc
+        try:
+            if self.gone(identity):
+                return
+            if recording.call(lambda: self._fail_unread(task, refused), what):
+                return
+            if not self._may_hold_following(task):  # the partition is not this node's now
+                return
+        except FencedError:
+            return
+        except Exception as exc:  # noqa: BLE001 - see the docstring
+            refused = exc
+        if not self.gone(identity):  # else given up as the node leaves: not ours
+            name = task.partition.partition_name
+            self._give_up(identity, f"could not record the end of partition {name}", refused)
+
+    def _fail_unread(self, task: Task, refused: BaseException) -> bool:
+        """The end of ``task``'s partition cannot be judged or written as the step left it
+        (``refused``: its step execution's read, or its write, refused as it is): the partition
+        ends FAILED in one transaction that reads nothing of it, its row's guard first (CLAIMED
+        by this node under its attempt), then its step execution's status (as a master fails
+        a lost partition; its counters and context stay as last committed). Whether the guard
+        held: not, when its final write landed after all or the partition moved. A
+        transferable partition is not put back: the next node would be refused the same
+        way."""
+        p, identity = task.partition, task.identity
+        node_id, store = identity.node_id, self.store
+        message = (
+            f"node {node_id} could not read or record the end of partition "
+            f"{p.partition_name}: {brief(refused)}"
+        )
+
+        def work(conn: Connection) -> bool:
+            if identity.fenced.is_set():
+                raise FencedError(f"node {node_id} is fenced")
+            ended = store.end_partition(
+                conn, PARTITION_FAILED, p.step_execution_id, node_id, p.attempt
+            )
+            if ended != 1:
+                return False
+            self.executor.repository.fail_running(
+                message, conn, step_execution_id=p.step_execution_id
+            )
+            return True
+
+        verify = partition_is(
+            p.step_execution_id, PARTITION_FAILED, node_id, p.attempt, store.provider.locked
+        )
+        if not store.transaction(work, "fail partition", lambda c: True if verify(c) else None):
+            return False
+        log.error(
+            "node %s could not read or record the end of partition %s (%s): %s; it is recorded "
+            "FAILED as last committed",
+            node_id,
+            p.partition_name,
+            p.step_execution_id,
+            brief(refused),
+        )
+        self.executor._recorded_failed(task, message)
+        return True
 
     def _record_after_error(self, task: Task, error: BaseException) -> None:
         """One try of :meth:`fail_after_error`."""
@@ -271,6 +339,13 @@ class Aftermath:
             f"partition {p.partition_name} ended {ran.status.value} on node "
             f"{task.identity.node_id}, but the database refused its end: {brief(refused)}",
         )
+
+    def _may_hold_following(self, task: Task) -> bool:
+        """Whether the final write of ``task`` asked to claim a partition next that this node
+        does not run: if that write landed, the partition is CLAIMED here, unread."""
+        fence = task.fence
+        following = None if fence is None else fence.asked_for
+        return following is not None and not self.executor.holds(following)
 
     def _adopt_following(self, task: Task) -> None:
         """After a final write whose COMMIT was unclear and landed: the partition it claimed

@@ -43,6 +43,7 @@ from dbcluster.cluster.service import Outage
 from dbcluster.cluster.store import ClaimedPartition, PendingPartition
 from dbcluster.cluster.task import CLAIMED, DONE, RELEASING, RUNNING, Task
 from dbcluster.retry import brief
+from dbcluster.states import PARTITION_FAILED
 
 if TYPE_CHECKING:
     from dbcluster.batch.registry import JobRegistry
@@ -481,6 +482,10 @@ class Executor:
             se.exit_status.description,
             outage=errors[0] if errors and all(is_passing(provider, e) for e in errors) else None,
         )
+
+    def _recorded_failed(self, task: Task, why: str) -> None:
+        """``task``'s partition recorded FAILED without its step execution (``why``)."""
+        self.announce.recorded(task.identity.node_id, task.partition, PARTITION_FAILED, why)
 
     def _lost(self, task: Task, reason: str) -> None:
         self.announce.lost(task.identity.node_id, task.partition, reason)

@@ -343,6 +343,64 @@ def test_a_partition_whose_end_the_database_refuses_is_recorded_failed_not_tried
         assert all("refused its end" in (d or "") for d in described), described
 
 
+def test_a_partition_whose_step_execution_cannot_be_read_back_is_failed_where_it_is(
+    backend: Backend, make_cluster
+) -> None:
+    """As above, and the step execution's read that would judge the refused end is refused
+    as well (a row this node cannot read): the node cannot tell how the step ended, but the
+    partition is still its own (CLAIMED under its attempt). It records it FAILED with one
+    guarded write that needs no read, rather than give its id up: a transferable partition
+    would be placed (at the same attempt) on a node that is refused the same way, which would
+    give its own id up in turn, without end, each time fencing every partition it held."""
+    registry = build_registry()
+    worker_step = TaskletStep("unread.worker", _effect_each_call, listeners=[_AfterStep()])
+    registry.register(
+        Job("unread", [PartitionStep("unread.master", worker_step, RangePartitioner(True))])
+    )
+    master = make_cluster(PATIENT, work=False, registry=registry)
+    workers = [make_cluster(PATIENT, registry=registry) for _ in range(2)]
+    injected = []
+    for worker in workers:
+        injected.append(
+            refuse_statements(
+                worker.node.work_engine,
+                times=10**9,
+                when=lambda sql, params: (
+                    "batch_step_execution" in sql and "COMPLETED" in str(params)
+                ),
+            )
+        )
+        # The read that judges it (the repository reads outside a transaction on the reader).
+        reader = worker.node.repository.reader
+        injected.append(
+            refuse_statements(
+                reader,
+                times=10**9,
+                when=lambda sql, params: sql.lstrip().startswith(
+                    "SELECT batch_step_execution.job_execution_id"
+                ),
+            )
+        )
+    given_up = _Logged("gives this id up")
+    logging.getLogger("dbcluster.node").addHandler(given_up)
+    try:
+        run = in_thread(lambda: master.launch("unread", {"run": 1}))
+        run["thread"].join(30)
+        assert not given_up.seen.is_set(), "a node gave its id up over one partition"
+        assert not run["thread"].is_alive(), "the job hangs"
+    finally:
+        logging.getLogger("dbcluster.node").removeHandler(given_up)
+        for one in injected:
+            one.remove()
+    assert all(one.count >= 1 for one in injected[:2]), "the fault was not injected"
+    execution = run["result"]
+    assert execution.status is BatchStatus.FAILED, execution.exit_status
+    parts = _partitions_of(backend, execution.id)
+    assert {(p.status, p.attempt) for p in parts} == {("FAILED", 1)}, parts
+    rows = ledger_rows_of(backend, execution.id)
+    assert len(rows) == len(parts) and set(Counter(rows).values()) == {1}, rows  # each ran once
+
+
 def ledger_rows_of(backend: Backend, job_execution_id: int) -> list[str]:
     with backend.engine.connect() as conn:
         return [
