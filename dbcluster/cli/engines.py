@@ -24,7 +24,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-import weakref
 from collections.abc import Callable
 from enum import Enum
 from typing import TYPE_CHECKING, TypeVar
@@ -117,7 +116,9 @@ def ride_out(
 
     provider = get_provider(engine)
     run = _policy(connect_timeout_s()).start(what) if fresh else _command_run()
-    waited_since: float | None = None
+    #: This call's failed tries, and when the first failed: its own wait, said once as it
+    #: begins and once as it ends, whatever the command's earlier waits said.
+    failed, waited_since = 0, 0.0
     while True:
         try:
             result = work()
@@ -127,14 +128,15 @@ def ride_out(
             run.accepts(error)  # the first passing error starts the deadline
             if run.exhausted():
                 raise _gave_up(engine, error, run) from error
-            if waited_since is None:
+            failed += 1
+            if failed == 1:
                 waited_since = time.monotonic()
-            _warn(engine, what, run, error)
+            _warn(engine, what, run, error, first=failed == 1)
             if not run.again(error):
                 raise _gave_up(engine, error, run) from error
         else:
-            if waited_since is not None:
-                _back(engine, what, run, time.monotonic() - waited_since)
+            if failed:
+                _back(engine, what, failed + 1, time.monotonic() - waited_since)
             return result
 
 
@@ -169,20 +171,21 @@ def _gave_up(engine: Engine, error: BaseException, run: Retrying) -> DatabaseUnr
     )
 
 
-def _warn(engine: Engine, what: str, run: Retrying, error: BaseException) -> None:
-    """A failed try: the first of the command's wait (``run``) is one warning line (a WARNING
-    record where the command logs, as a worker or a launch's master does, else a warning line
-    on stderr in the command's log format); a later one is a DEBUG record (a routine outage is
-    one warning, not one per try)."""
+def _warn(engine: Engine, what: str, run: Retrying, error: BaseException, *, first: bool) -> None:
+    """A failed try of one wait (one call of :func:`ride_out`): the ``first`` is one warning
+    line (a WARNING record where the command logs, as a worker or a launch's master does, else
+    a warning line on stderr in the command's log format); a later one is a DEBUG record (a
+    routine outage is one warning, not one per try). A later wait of the same command (the
+    database went away again after it answered) warns again: each call waits until the
+    database answers, so each wait is an outage of its own."""
     from dbcluster.masking import safe_url
 
     left = max(0.0, (run.deadline or 0.0) - run.policy.clock())
-    if run in _warned:
+    if not first:
         log.debug(
             "database still unavailable (%s, try %d): %s", what, run.attempt, reason_of(error)
         )
         return
-    _warned.add(run)
     _line(
         f"database unavailable ({what}): {safe_url(engine.url)}: {reason_of(error)}; "
         f"trying again for up to {left:.1f} s",
@@ -190,12 +193,12 @@ def _warn(engine: Engine, what: str, run: Retrying, error: BaseException) -> Non
     )
 
 
-def _back(engine: Engine, what: str, run: Retrying, waited_s: float) -> None:
-    """The database answered again after this call waited: one line (an INFO record where the
-    command logs, else an info line on stderr)."""
+def _back(engine: Engine, what: str, tries: int, waited_s: float) -> None:
+    """The database answered again after this call waited (``tries``: its tries, the one that
+    succeeded included): one line (an INFO record where the command logs, else an info line on
+    stderr)."""
     from dbcluster.masking import safe_url
 
-    tries = run.attempt
     _line(
         f"database available again ({what}): {safe_url(engine.url)} "
         f"(after {waited_s:.1f} s, {tries} tries)",
@@ -212,10 +215,6 @@ def _line(text: str, *, warning: bool) -> None:
     log_format = _log_format()
     prefix = "" if log_format == "json" else ("warning: " if warning else "info: ")
     announce(prefix + text, log_format, warning=warning)
-
-
-#: The waits (:class:`~dbcluster.retry.Retrying`) that have said the database is unavailable.
-_warned: weakref.WeakSet[Retrying] = weakref.WeakSet()
 
 
 def set_connect_timeout(value: float) -> None:

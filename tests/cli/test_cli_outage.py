@@ -272,6 +272,48 @@ def test_an_admin_shutdown_during_the_schema_check_is_waited_out(
 
 
 @pytest.mark.backends("postgresql")
+def test_an_outage_after_the_database_answered_again_is_warned_again(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A command's waits share its connect timeout, not its one warning: the database away
+    while the command connects, back, then away again for its next work, is two outages, each
+    said as it begins and as it ends (the second was a DEBUG record, then an INFO line saying
+    the database was available again that no warning had said was away)."""
+    import psycopg
+
+    from dbcluster import migrations, monitor
+    from dbcluster.cli import main
+
+    def away_once(real: Any, message: str) -> Any:
+        shutdowns = [psycopg.errors.AdminShutdown(message)]
+
+        def restarting(*args: Any) -> Any:
+            if shutdowns:
+                raise shutdowns.pop(0)
+            return real(*args)
+
+        return restarting
+
+    monkeypatch.setattr(
+        migrations,
+        "require_current_schema",
+        away_once(migrations.require_current_schema, "first restart"),
+    )
+    monkeypatch.setattr(
+        monitor, "cluster_status", away_once(monitor.cluster_status, "second restart")
+    )
+    caplog.set_level(logging.DEBUG, logger="dbcluster.cli")
+    with pytest.raises(SystemExit) as exited:
+        main(["status", "--json", "--url", backend.url])
+    assert exited.value.code == 0
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "dbcluster.cli"]
+    assert [level for level, _ in said] == ["WARNING", "INFO", "WARNING", "INFO"], said
+    assert "first restart" in said[0][1] and "second restart" in said[2][1], said
+    assert said[3][1].startswith("database available again (status): "), said
+    assert said[3][1].endswith(", 2 tries)"), said  # its own tries, not the command's
+
+
+@pytest.mark.backends("postgresql")
 def test_an_outage_after_the_first_work_exits_3_in_one_line(
     backend: Backend, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
