@@ -325,7 +325,7 @@ class Aftermath:
         tried again: what was refused would be refused again."""
         p = task.partition
         log.error(
-            "node %s could not record the end of partition %s (%s): %s; it is recorded FAILED",
+            "node %s could not record the end of partition %s (%s): %s; recording it FAILED",
             task.identity.node_id,
             p.partition_name,
             p.step_execution_id,
@@ -337,7 +337,7 @@ class Aftermath:
             task,
             se,
             f"partition {p.partition_name} ended {ran.status.value} on node "
-            f"{task.identity.node_id}, but the database refused its end: {brief(refused)}",
+            f"{task.identity.node_id}, but its end could not be written: {brief(refused)}",
         )
 
     def _may_hold_following(self, task: Task) -> bool:
