@@ -178,6 +178,8 @@ class Heartbeat(Service):
     never delays it."""
 
     name = "heartbeat"
+    #: Every turn that raises nothing wrote a heartbeat (or joined): the database answers.
+    proves_database = True
 
     def __init__(
         self,

@@ -42,12 +42,14 @@ def _always() -> bool:
 
 
 class Outages:
-    """A node's database outages, as all its services (and its running partitions) meet them:
-    one WARNING when the first meets one, one INFO when one that met it gets through again. A
-    service that met it and has not got through since stays in its own outage
-    (:class:`Outage`): its errors meanwhile are DEBUG records, not a new outage (a pool whose
-    connections the restart broke fails once more on its next turn, after another service
-    already got through)."""
+    """A node's database outages, as all its services (and its running partitions and masters)
+    meet them: one WARNING when the first meets one, one INFO when one that met it gets through
+    again, or when a heartbeat that began after it began lands (the heartbeat writes on every
+    turn: proof that the database answers, even if what met the outage is gone, as a master
+    whose job ended). A service that met it and has not got through since stays in its own
+    outage (:class:`Outage`): its errors meanwhile are DEBUG records, not a new outage (a pool
+    whose connections the restart broke fails once more on its next turn, after another
+    service already got through)."""
 
     def __init__(self) -> None:
         #: When the node's current outage began (monotonic), or None.
@@ -66,15 +68,17 @@ class Outages:
         else:
             log.debug("%s: database unavailable too (%s)", who, brief(error))
 
-    def ended(self, who: str) -> None:
-        """``who``, which met the outage, got through again."""
+    def ended(self, who: str, began: float | None = None) -> None:
+        """``who`` got through again: having met the outage (``began`` None), or with work that
+        began at ``began`` (monotonic) and proves the database answers (a heartbeat), which
+        ends the outage only if it began after the outage did."""
         with self._lock:
-            since, self.since = self.since, None
-        if since is not None:
-            took = time.monotonic() - since
-            log.info("%s: database available again (after %.1f s)", who, took)
-        else:
-            log.debug("%s: database available again", who)
+            since = self.since
+            if since is None or (began is not None and began < since):
+                return
+            self.since = None
+        took = time.monotonic() - since
+        log.info("%s: database available again (after %.1f s)", who, took)
 
 
 class Outage:
@@ -83,8 +87,17 @@ class Outage:
     service stands alone): the node's one WARNING when it begins, one INFO when it ends (see
     the module doc)."""
 
-    def __init__(self, name: str, node: Outages | None = None, *, who: str | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        node: Outages | None = None,
+        *,
+        who: str | None = None,
+        proves: bool = False,
+    ) -> None:
         self.name = name
+        #: Whether its work that got through proves the database answers (the heartbeat's).
+        self.proves = proves
         self.node = node if node is not None else Outages()
         #: How the log lines name it ("service heartbeat", "master n1").
         self.who = who or f"service {name}"
@@ -107,19 +120,29 @@ class Outage:
         """A piece of work reached the database: the outage (if any) is over. ``proof_began``
         (monotonic): when that work began, where another thread may have met the outage
         meanwhile (a partition's write that landed just before the outage proves nothing of
-        it); None: it began after this service last met the outage (its own turn)."""
+        it); None: it began after this service last met the outage (its own turn). Work of one
+        that :attr:`proves` and met no outage still ends the node's, if it began after it."""
         with self._lock:
             since = self.since
-            if since is None or (proof_began is not None and proof_began < since):
+            if since is None:
+                mine = False
+            elif proof_began is not None and proof_began < since:
                 return
-            self.since = None
-        self.node.ended(self.who)
+            else:
+                mine, self.since = True, None
+        if mine:
+            self.node.ended(self.who)
+        elif self.proves and proof_began is not None:
+            self.node.ended(self.who, proof_began)
 
 
 class Service:
     """A named loop: ``run_once`` every ``interval_ms``, or at once after :meth:`wake`."""
 
     name = "service"
+    #: Whether every turn that raises nothing got an answer from the database (the heartbeat's
+    #: writes): then it ends the node's outage (see :class:`Outages`).
+    proves_database = False
 
     def __init__(self, interval_ms: int) -> None:
         self.interval_ms = interval_ms
@@ -219,6 +242,7 @@ class Service:
                 # for the next turn instead of being lost.
                 self._wake.clear()
                 self._unavailable_this_turn = False
+                turn_began = time.monotonic()
                 try:
                     self.run_once()
                 except Exception as error:  # noqa: BLE001 - a loop survives its body's failures
@@ -228,7 +252,7 @@ class Service:
                     if not self._unavailable_this_turn:
                         self.last_good = time.monotonic()
                         if self.has_identity():
-                            self.outage.ended()
+                            self.outage.ended(turn_began)
                 self._unavailable_last_turn = self._unavailable_this_turn
                 self._due = time.monotonic() + self.interval_ms / 1000
                 self._sleep()
@@ -269,7 +293,7 @@ class ServiceGroup:
         service.on_death = self.on_death
         service.is_outage = self.is_outage
         service.has_identity = self.has_identity
-        service.outage = Outage(service.name, self.outages)
+        service.outage = Outage(service.name, self.outages, proves=type(service).proves_database)
         self.services.append(service)
         return service
 
