@@ -48,11 +48,11 @@ from dbcluster.dialects.postgresql_ctes import WritableCTEProvider
 from dbcluster.errors import ConfigurationError
 from dbcluster.schema import PARAMETER_COLUMNS, ShortText, nodes
 
-#: What a channel name made by :meth:`QueryProvider.wake_channel` looks like (it goes into
-#: ``LISTEN`` as an identifier, which cannot be a bound parameter).
 # psycopg's own echo of a lost connection is no WARNING of a routine outage (see the module).
 psycopg_logs.install()
 
+#: What a channel name made by :meth:`QueryProvider.wake_channel` looks like (it goes into
+#: ``LISTEN`` as an identifier, which cannot be a bound parameter).
 _CHANNEL = re.compile(r"^[a-z0-9_]{1,63}$")
 
 #: SQLSTATEs worth repeating: serialization failure, deadlock, lock not available, admin/crash

@@ -224,9 +224,14 @@ class Injected:
         self._undo.clear()
 
 
-def fail_statements(engine: Engine, *, times: int, when: Callable[[str, Any], bool]) -> Injected:
-    """Fail the first ``times`` statements on ``engine`` for which ``when(sql, parameters)`` is
-    true, as a dropped connection would (before the server ran them)."""
+def _fail_matching(
+    engine: Engine,
+    times: int,
+    when: Callable[[str, Any], bool],
+    error: Callable[[Any], BaseException],
+) -> Injected:
+    """Raise ``error(dbapi_connection)`` instead of running the first ``times`` statements on
+    ``engine`` for which ``when(sql, parameters)`` is true."""
     injected = Injected()
     lock = threading.Lock()
 
@@ -235,33 +240,27 @@ def fail_statements(engine: Engine, *, times: int, when: Callable[[str, Any], bo
             if injected.count >= times or not when(statement, parameters):
                 return
             injected.count += 1
-        raise drop_connection(engine, cursor.connection)
+        raise error(cursor.connection)
 
     for name in ("do_execute", "do_executemany"):
         event.listen(engine, name, do_execute)
         injected._undo.append(lambda name=name: event.remove(engine, name, do_execute))
     return injected
+
+
+def fail_statements(engine: Engine, *, times: int, when: Callable[[str, Any], bool]) -> Injected:
+    """Fail the first ``times`` statements on ``engine`` for which ``when(sql, parameters)`` is
+    true, as a dropped connection would (before the server ran them)."""
+    return _fail_matching(engine, times, when, lambda dbapi: drop_connection(engine, dbapi))
 
 
 def refuse_statements(engine: Engine, *, times: int, when: Callable[[str, Any], bool]) -> Injected:
     """Refuse the first ``times`` statements on ``engine`` for which ``when(sql, parameters)``
     is true, as a database refuses a statement as it is (a value too long for its column): the
     driver's ``DataError``, which no provider calls transient, before the server ran them."""
-    injected = Injected()
-    lock = threading.Lock()
     refused = engine.dialect.loaded_dbapi.DataError
-
-    def do_execute(cursor: Any, statement: str, parameters: Any, context: Any) -> None:
-        with lock:
-            if injected.count >= times or not when(statement, parameters):
-                return
-            injected.count += 1
-        raise refused("value too long for its column (refused by the test)")
-
-    for name in ("do_execute", "do_executemany"):
-        event.listen(engine, name, do_execute)
-        injected._undo.append(lambda name=name: event.remove(engine, name, do_execute))
-    return injected
+    message = "value too long for its column (refused by the test)"
+    return _fail_matching(engine, times, when, lambda _: refused(message))
 
 
 def lose_commit_acks(engine: Engine, *, times: int, when: Callable[[list[str]], bool]) -> Injected:
