@@ -7,7 +7,11 @@ tasks, and one task on idle workers. The task body is one INSERT into a table in
   (dbcluster), drained by 2 worker processes running 4 at once each; tasks per second from the
   enqueue (launch) call to the last one done.
 - latency: one task enqueued on idle workers, 50 times: enqueue (launch) to body start, median
-  and p95.
+  and p95. Warm on both sides: pgqueuer's workers and connection have just drained; dbcluster's
+  latency runs on worker processes of its own, which first run 20 untimed launches
+  (``Params.latency_warmup``). dbcluster's task is a tasklet step declared ``transactional``
+  (its one INSERT is in the step's transaction), which an idle node runs as the wake-up
+  carried it, claimed by that transaction (``dbcluster/cluster/placed.py``).
 
 This script is not part of the dbcluster package, and dbcluster does not depend on pgqueuer.
 It installs nothing; beside dbcluster, install::

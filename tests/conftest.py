@@ -39,7 +39,12 @@ _opened: dict[str, Backend | BackendUnavailable] = {}
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "backend" in metafunc.fixturenames:
         names = [spec.name for spec in MATRIX]
-        only = getattr(metafunc.function, "pytestmark", [])
+        # The function's marks first, then its module's (``pytestmark``: one mark or a list).
+        module = getattr(metafunc.module, "pytestmark", [])
+        only = [
+            *getattr(metafunc.function, "pytestmark", []),
+            *(module if isinstance(module, list) else [module]),
+        ]
         wanted = next((m.args for m in only if m.name == "backends"), None)
         if wanted:
             names = [n for n in names if n in wanted]

@@ -93,7 +93,9 @@ def record_start(ctx: ChunkContext) -> RepeatStatus:
     return RepeatStatus.FINISHED
 
 
-STARTED_WORKER = TaskletStep("started.worker", record_start)
+#: Its one INSERT is its only effect, in the step's transaction (as the drain task's): an idle
+#: node runs its partition as the wake-up carried it, claimed by that transaction.
+STARTED_WORKER = TaskletStep("started.worker", record_start, transactional=True)
 
 
 def drain_job(partitions: int) -> Job:

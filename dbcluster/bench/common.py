@@ -27,6 +27,10 @@ class Params:
     partitions: int = 1000
     workers: int = 4
     latency_runs: int = 50
+    #: Launches of ``latency`` run first, untimed: the master and the workers have run jobs
+    #: before, as in a running cluster (and as the peer queue's workers have in
+    #: ``benchmarks/peers.py``, whose latency follows its drain on the same workers).
+    latency_warmup: int = 20
     idle_seconds: float = 15.0
     idle_nodes: int = 4
     scale_nodes: tuple[int, ...] = (2, 5, 10, 20)

@@ -59,9 +59,11 @@ def _launches(
     runs: int,
     label: str,
     tap: Tap | None = None,
+    warmup: int = 0,
 ) -> Launches:
     """Launch the one-partition job ``runs`` times on 2 idle worker processes (see
-    :class:`Launches`); the timed pass (no ``tap``) also records each launch's stages."""
+    :class:`Launches`), after ``warmup`` launches that are not measured; the timed pass (no
+    ``tap``) also records each launch's stages."""
     counting.uninstall()  # no statement listeners: the round trips come from the tap
     drain_metadata.create_all(engine)
     worker_env = dict(tap.worker_env) if tap else {"DBCLUSTER_BENCH_STAGES": "1"}
@@ -76,6 +78,8 @@ def _launches(
             Cluster(master_engine, registry, settings, work=False, take_over=False) as cluster,
             stages.recording_master() as master_marks,
         ):
+            for run in range(warmup):
+                cluster.launch("started-one", {"run": f"{label}-warm-{run}"})
             found = Launches(Meter(tap, pool))
             for run in range(runs):
                 launched_at = time.time()
@@ -119,7 +123,9 @@ def latency(url: str | None, p: Params) -> dict[str, Any]:
         registry = build_registry(1)
         engine = make_engine(db)
         floor = insert_transaction_ms(engine, max(20, p.latency_runs))
-        timed = _launches(db, engine, registry, settings, p.latency_runs, "t")
+        timed = _launches(
+            db, engine, registry, settings, p.latency_runs, "t", warmup=p.latency_warmup
+        )
         round_trips: dict[str, Any] = {}
         if p.counting:
             counted_runs = min(10, p.latency_runs)
@@ -137,6 +143,7 @@ def latency(url: str | None, p: Params) -> dict[str, Any]:
 
     out: dict[str, Any] = {
         "runs": p.latency_runs,
+        "warmup_launches": p.latency_warmup,
         "task_polling_interval_ms": settings.task_polling_interval,
         # The body's own clock, as the peers' latency task reads it (the claim's COMMIT and the
         # executor's thread included).

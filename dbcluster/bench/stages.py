@@ -11,6 +11,8 @@ at fault points (:mod:`dbcluster.points`: free unless a handler is installed, as
 - ``node.between_poll_and_claim``: the worker's claim is about to go out;
 - ``node.claimed``: the claim committed and its rows came back (the poller's claims; a slot
   that hands itself on claims in its final write, which no idle launch does);
+- ``node.placed_run``: a partition the wake-up carried with its execution begins on the idle
+  node without a claim (its first transaction claims it: see ``dbcluster/cluster/placed.py``);
 
 and the body writes its own clock (``bench_started``). All on one host, so the processes'
 clocks agree. A worker process records when ``DBCLUSTER_BENCH_STAGES`` is set (see
@@ -32,7 +34,7 @@ from dbcluster import points
 from dbcluster.bench import counting
 
 #: The worker's points, in the order a partition passes them.
-WORKER_POINTS = ("node.offered", "node.between_poll_and_claim", "node.claimed")
+WORKER_POINTS = ("node.offered", "node.between_poll_and_claim", "node.claimed", "node.placed_run")
 #: The master's point.
 CREATED = "master.after_create_execution"
 #: Where a worker's counts file carries its marks.
@@ -44,6 +46,9 @@ STAGES = (
     ("offered_to_claim_sent", "node.offered", "node.between_poll_and_claim"),
     ("claim", "node.between_poll_and_claim", "node.claimed"),
     ("claimed_to_body", "node.claimed", "body"),
+    # A partition run as its wake-up carried it (claimed by its first transaction): no claim.
+    ("offered_to_placed_run", "node.offered", "node.placed_run"),
+    ("placed_run_to_body", "node.placed_run", "body"),
 )
 
 
@@ -140,7 +145,19 @@ def per_launch(
         if job_execution_id in created:
             marks[CREATED] = created[job_execution_id]
         claims = sorted(by_point.get(("node.claimed", step_execution_id), ()))
-        if claims:
+        ran = sorted(by_point.get(("node.placed_run", step_execution_id), ()))
+        if ran and not claims:
+            # Run as its wake-up carried it: no claim; the first wake-up naming it before.
+            ran_at, node = ran[0]
+            marks["node.placed_run"] = ran_at
+            offered = [
+                at
+                for at, by in by_point.get(("node.offered", step_execution_id), ())
+                if by == node and at <= ran_at
+            ]
+            if offered:
+                marks["node.offered"] = min(offered)
+        elif claims:
             claimed_at, node = claims[0]
             marks["node.claimed"] = claimed_at
             sent = [

@@ -253,7 +253,7 @@ class Aftermath:
             if identity.fenced.is_set():
                 raise FencedError(f"node {node_id} is fenced")
             ended = store.end_partition(
-                conn, PARTITION_FAILED, p.step_execution_id, node_id, p.attempt
+                conn, PARTITION_FAILED, p.step_execution_id, node_id, p.attempt, placed=task.placed
             )
             if ended != 1:
                 return False

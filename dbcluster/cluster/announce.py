@@ -57,6 +57,20 @@ class Announcer:
             p = won.partition
             self.events.claimed(node_id, p.partition_name, p.step_execution_id, p.attempt)
 
+    def took_placed(self, node_id: str, partitions: Sequence[PendingPartition]) -> None:
+        """Partitions a wake-up carried with their executions, run before they were claimed
+        (their first transaction claims them): one line, one ``claimed`` event each."""
+        log.info(
+            "node %s runs %s as placed (claimed by its first transaction)",
+            node_id,
+            ", ".join(
+                f"partition {p.partition_name} ({p.step_execution_id}, attempt {p.attempt})"
+                for p in partitions
+            ),
+        )
+        for p in partitions:
+            self.events.claimed(node_id, p.partition_name, p.step_execution_id, p.attempt)
+
     def group_completed(self, node_id: str, partitions: Sequence[PendingPartition]) -> None:
         """A group's partitions, recorded COMPLETED by its one transaction."""
         log.info(

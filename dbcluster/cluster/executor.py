@@ -35,13 +35,15 @@ from dbcluster.batch.transactions import UnclearCommitError
 from dbcluster.cluster.aftermath import Aftermath
 from dbcluster.cluster.announce import Announcer
 from dbcluster.cluster.claimed import ClaimedExecutions
+from dbcluster.cluster.draining import Draining
 from dbcluster.cluster.fencing import PartitionFence
 from dbcluster.cluster.grouping import Grouping
 from dbcluster.cluster.identity import Identity
 from dbcluster.cluster.patience import is_passing
+from dbcluster.cluster.placed import PlacedRuns
 from dbcluster.cluster.service import Outage
 from dbcluster.cluster.store import ClaimedPartition, PendingPartition
-from dbcluster.cluster.task import CLAIMED, DONE, RELEASING, RUNNING, Task
+from dbcluster.cluster.task import CLAIMED, DONE, RUNNING, Task
 from dbcluster.retry import brief
 from dbcluster.states import PARTITION_FAILED
 
@@ -121,6 +123,9 @@ class Executor:
         self.grouping = Grouping(self, context.settings.commit_group_size)
         #: What a failed claim or final write left (see :mod:`dbcluster.cluster.aftermath`).
         self.aftermath = Aftermath(self)
+        #: Partitions run before they were claimed (see :mod:`dbcluster.cluster.placed`).
+        self.placed_runs = PlacedRuns(self)
+        self.draining = Draining(self)
         #: Slots running (each a partition, a chain of them, or a group).
         self._busy = 0
         #: A database outage as this node's partitions meet it (see :meth:`met_outage`).
@@ -204,6 +209,16 @@ class Executor:
         for task, won in zip(tasks, fresh, strict=True):
             task.preloaded = self.claimed.step_execution(won)
         return tasks
+
+    def ended_lately(self, partition: PendingPartition) -> bool:
+        """Whether this node ran or gave up this partition at this attempt lately (under the
+        lock)."""
+        return _ended_key(partition) in self._ended
+
+    def claimed_placed(self, partitions: list[PendingPartition]) -> None:
+        """Partitions taken to run before they were claimed: told as a claim's would be."""
+        if self.on_claim is not None:
+            self.on_claim([ClaimedPartition(p, {}) for p in partitions])  # type: ignore[arg-type]
 
     def _new(self, claimed: list[ClaimedPartition], read_back: bool) -> list[ClaimedPartition]:
         """Those of ``claimed`` this node does not hold, each once (under the lock); those it
@@ -388,6 +403,7 @@ class Executor:
             retryable=lambda se: self._retryable(p.worker_step_name, se),
             next_partition=next_partition,
             outage=self.met_outage,
+            placed=task.placed,
         )
 
     def met_outage(self, error: BaseException) -> bool:
@@ -492,26 +508,6 @@ class Executor:
 
     # --- handing back ---------------------------------------------------------------------------
 
-    def _release(self, task: Task) -> None:
-        p = task.partition
-        with self._lock:
-            task.state = RELEASING
-        if task.identity.fenced.is_set():
-            return
-        try:
-            if self.store.release(p.step_execution_id, task.identity.node_id, p.attempt):
-                log.info(
-                    "node %s handed back partition %s (%s)",
-                    task.identity.node_id,
-                    p.partition_name,
-                    p.step_execution_id,
-                )
-                self.context.events.released(
-                    task.identity.node_id, p.partition_name, p.step_execution_id
-                )
-        except Exception as exc:  # noqa: BLE001 - the master recovers it once we are removed
-            log.warning("could not hand back partition %s: %s", p.step_execution_id, exc)
-
     def _forget(self, task: Task) -> None:
         p = task.partition
         with self._lock:
@@ -531,49 +527,8 @@ class Executor:
                     task.step_execution.terminate_only = True
 
     def drain(self, deadline: float) -> None:
-        """A graceful stop: hand back what has not started, let running partitions finish (or
-        stop them at the deadline), then shut the thread pool down."""
-        identity = self.context.membership.current
-        if identity is not None and not identity.fenced.is_set():
-            try:
-                handed = self.store.release_pending(identity.node_id)
-                if handed:
-                    log.info(
-                        "node %s handed back %d unclaimed partition(s)", identity.node_id, handed
-                    )
-                    self.context.events.released(identity.node_id, None, None)
-            except Exception as exc:  # noqa: BLE001 - they move once we leave the registry
-                log.warning("could not hand back unclaimed partitions: %s", exc)
-        with self._lock:
-            unstarted = [t for t in self._tasks.values() if t.state == CLAIMED]
-        for task in unstarted:
-            if self._claim_back(task):
-                self._release(task)
-                self._forget(task)
-        self._wait_running(deadline)
-        running = self._running()
-        if running:
-            log.warning("drain timeout: stopping %d running partition(s)", len(running))
-            with self._lock:
-                for task in running:
-                    if task.step_execution is not None:
-                        task.step_execution.terminate_only = True
-            grace_s = max(1.0, self.context.settings.drain_timeout / 1000)
-            self._wait_running(time.monotonic() + grace_s)
-        self._pool.shutdown(wait=False)
+        """A graceful stop (see :class:`~dbcluster.cluster.draining.Draining`)."""
+        self.draining.drain(deadline)
 
-    def _claim_back(self, task: Task) -> bool:
-        """Take a queued task away from the executor (it has not begun); True if taken."""
-        with self._lock:
-            if task.state != CLAIMED:
-                return False
-            task.state = RELEASING
-            return True
-
-    def _running(self) -> list[Task]:
-        with self._lock:
-            return [t for t in self._tasks.values() if t.state == RUNNING]
-
-    def _wait_running(self, deadline: float) -> None:
-        while self._running() and time.monotonic() < deadline:
-            time.sleep(0.02)
+    def _release(self, task: Task) -> None:
+        self.draining.release(task)

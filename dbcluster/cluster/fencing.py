@@ -7,6 +7,12 @@ with the same guard instead. Every transition that takes a partition away from i
 (reassignment, failing it, abandoning its job, removing its node, a timeout) updates that same
 row, so it either waits for the worker's ``COMMIT`` or is seen by it, and then the worker's whole
 transaction rolls back.
+
+A partition run before it was claimed (``placed``: a wake-up carried its execution to an idle
+node, see :mod:`dbcluster.cluster.offers`) is claimed by its first transaction: every guard also
+accepts the row PENDING on this node under this attempt, and a transaction that holds it leaves
+it CLAIMED. Only transactional steps run so (every effect of a call in the call's transaction),
+so nothing of a run whose partition moved before its first ``COMMIT`` is left behind.
 """
 
 from __future__ import annotations
@@ -62,8 +68,12 @@ class PartitionFence:
         retryable: Callable[[StepExecution], bool] = lambda _: False,
         next_partition: Callable[[], int | None] | None = None,
         outage: Callable[[BaseException], bool] | None = None,
+        placed: bool = False,
     ) -> None:
         self.store = store
+        #: Whether the partition may still be PENDING on this node (run before it was claimed):
+        #: its guards accept that too, and claim it.
+        self.placed = placed
         self.step_execution_id = step_execution_id
         self.node_id = node_id
         self.attempt = attempt
@@ -102,7 +112,10 @@ class PartitionFence:
     def hold(self, conn: Connection) -> None:
         if self.fenced.is_set():
             raise self._refuse(f"node {self.node_id} is fenced")
-        if self.store.hold_partition(conn, self.step_execution_id, self.node_id, self.attempt) != 1:
+        held = self.store.hold_partition(
+            conn, self.step_execution_id, self.node_id, self.attempt, placed=self.placed
+        )
+        if held != 1:
             raise self._refuse("it moved")
 
     def finish(self, conn: Connection, execution: Any) -> None:
@@ -112,7 +125,7 @@ class PartitionFence:
         self.finishing_since = time.monotonic()
         outcome = self.outcome_of(execution)
         changed = self.store.end_partition(
-            conn, outcome, self.step_execution_id, self.node_id, self.attempt
+            conn, outcome, self.step_execution_id, self.node_id, self.attempt, placed=self.placed
         )
         if changed != 1:
             raise self._refuse("it moved")
@@ -126,7 +139,7 @@ class PartitionFence:
         assert isinstance(execution, StepExecution)
         self.finishing_since = time.monotonic()
         outcome = self.outcome_of(execution)
-        statement = self.store.end_partition_statement(outcome)
+        statement = self.store.end_partition_statement(outcome, self.placed)
         if statement is None:
             return None
 

@@ -78,6 +78,12 @@ class Grouping:
             return False
         return self._step_groupable(worker_step_name)
 
+    def groupable_step(self, name: str) -> bool:
+        """Whether partitions of this worker step may share a transaction (see
+        :func:`~dbcluster.batch.grouped.groupable`): also whether one may run before it is
+        claimed (see :mod:`dbcluster.cluster.placed`)."""
+        return self._step_groupable(name)
+
     def _step_groupable(self, name: str) -> bool:
         found = self._groupable.get(name)
         if found is None:

@@ -4,7 +4,8 @@ Where the database has LISTEN/NOTIFY (PostgreSQL), the transaction that places p
 node (a launch's placement, a master's move of an orphan) notifies that node's channel; the
 notification is delivered when it commits. Each node keeps one listening connection and wakes
 its poller on every notification; a notification names the partitions placed on the node (as
-many as its payload holds), which the node claims without polling for them first.
+many as its payload holds), which the node claims without polling for them first; or carries
+their executions too, and an idle node runs them at once (see :mod:`dbcluster.cluster.offers`).
 
 Polling stays the fallback. While the listener is up (:attr:`Notifier.healthy`), an idle node
 polls every ``wakeup_poll_interval`` only (10 s by default): a notification lost while the
@@ -23,8 +24,8 @@ from typing import TYPE_CHECKING
 from sqlalchemy import Engine
 
 from dbcluster import points
+from dbcluster.cluster.offers import read_offer
 from dbcluster.cluster.service import Service
-from dbcluster.cluster.store import offered_ids
 from dbcluster.dialects import get_provider
 from dbcluster.dialects.base import Listener
 
@@ -86,9 +87,12 @@ class Notifier(Service):
             payloads = self._listener.wait(WAIT_S)
             self._set_healthy(True)
             if payloads is not None:
-                ids = [sid for payload in payloads for sid in offered_ids(payload)]
+                offers = [read_offer(payload) for payload in payloads]
+                ids = [sid for offer in offers for sid in offer.ids]
                 points.reach("node.offered", node_id=identity.node_id, partitions=ids)
-                self.worker.offer(identity.node_id, ids)
+                self.worker.offer(
+                    identity.node_id, ids, [p for offer in offers for p in offer.placed]
+                )
         except Exception as exc:  # noqa: BLE001 - the node polls meanwhile
             if not self.unavailable(exc):  # an outage: one WARNING for all of it
                 log.warning("node %s lost its wake-up listener: %s", identity.node_id, exc)

@@ -15,8 +15,10 @@ from sqlalchemy import Connection
 from dbcluster import points
 from dbcluster.batch.domain import StepExecution
 from dbcluster.batch.exceptions import BatchError
+from dbcluster.batch.grouped import groupable
 from dbcluster.batch.observe import observers
 from dbcluster.batch.repository import InsertExtras
+from dbcluster.cluster import offers
 from dbcluster.cluster.assignment import AssignmentStrategy
 from dbcluster.cluster.mastership import Mastership
 from dbcluster.cluster.patience import Patience
@@ -132,15 +134,20 @@ class Placer:
 
         #: The lone partition's placement, where it rides on its step execution's creation.
         lone: list[InsertExtras] = []
+        carried = Carried(
+            store.provider.notify_payload_max if self.settings.carried_wakeups else 0, master, step
+        )
 
         def place_lone_partition(pending: list[tuple[str, Any, bool]]) -> InsertExtras | None:
             """A lone partition is placed (and its node woken) by the statement that creates
             its step execution, where the database can: one round trip fewer."""
             if len(pending) != 1:
                 return None
-            name, _, transferable = pending[0]
+            name, context, transferable = pending[0]
             chosen.update(self.strategy.assign([name], workers))
-            placement = store.lone_partition_placement(row(name, transferable))
+            placement = store.lone_partition_placement(
+                row(name, transferable), carried.around_id(name, context, transferable)
+            )
             lone.extend([placement] if placement is not None else [])
             return placement
 
@@ -161,6 +168,7 @@ class Placer:
                     for w in works
                 ],
                 placed_on,
+                carried.payloads(works, placement),
             )
         return works, placement, placed_on
 
@@ -212,6 +220,65 @@ class Placer:
         # Partitions exist under it now: the step must run (a stop requested meanwhile stops
         # them through its handler) rather than end at once as a fresh one would.
         master.fresh = False
+
+
+class Carried:
+    """The wake-ups of a placement that carry their partitions' executions, where the database
+    sends payloads of ``limit`` bytes and ``step``'s worker step is transactional (see
+    :mod:`dbcluster.cluster.offers`); none where a node's would not fit."""
+
+    def __init__(self, limit: int, master: StepExecution, step: PartitionStep) -> None:
+        self.limit = limit
+        self.master = master
+        self.step = step
+        self.wanted = bool(limit) and groupable(step.worker_step)
+        self._job: dict[str, Any] | None = None
+
+    def _job_part(self) -> dict[str, Any]:
+        if self._job is None:
+            self._job = offers.job_part(self.master.job_execution)
+        return self._job
+
+    def _part(self, sid: int | None, name: str, context: Any, transferable: bool) -> list[Any]:
+        step = self.step
+        return offers.partition_part(
+            sid,
+            master_step_execution_id=self.master.id,
+            partition_name=name,
+            transferable=transferable,
+            max_attempts=step.max_attempts if transferable else 1,
+            worker_step_name=step.worker_step.name,
+            step_name=step.execution_name(name),
+            context=context,
+        )
+
+    def around_id(self, name: str, context: Any, transferable: bool) -> tuple[str, str] | None:
+        """A lone partition's payload, before and after its id (None: ids only)."""
+        if not self.wanted:
+            return None
+        head, tail = offers.split_around_id(
+            self._job_part(), self._part(None, name, context, transferable)
+        )
+        # The id: at most 20 digits.
+        return (head, tail) if offers.fits(head + tail, self.limit - 20) else None
+
+    def payloads(self, works: list[PartitionWork], placement: dict[str, str]) -> dict[str, str]:
+        """Each node's payload that carries the executions of what was placed on it."""
+        if not self.wanted:
+            return {}
+        by_node: dict[str, list[list[Any]]] = {}
+        for w in works:
+            by_node.setdefault(placement[w.name], []).append(
+                self._part(
+                    w.step_execution.id, w.name, w.step_execution.execution_context, w.transferable
+                )
+            )
+        found = {}
+        for node, parts in by_node.items():
+            text = offers.offer_text(self._job_part(), parts)
+            if offers.fits(text, self.limit):
+                found[node] = text
+        return found
 
 
 @dataclass(frozen=True)

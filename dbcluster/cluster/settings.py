@@ -25,6 +25,9 @@ FAILOVER_MODES = ("takeover", "abandon")
 _TEXT = ("node_id_prefix", "master_failover", "listen_url")
 #: Settings that are counts, not milliseconds.
 _COUNTS = ("concurrency_limit", "prefetch_multiplier", "commit_group_size")
+#: Settings that are on or off (``DBCLUSTER_<NAME>``: true/false, yes/no, on/off, 1/0).
+_FLAGS = ("carried_wakeups",)
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 #: Settings whose None means "derived from the others".
 _DERIVED = ("idle_transaction_timeout",)
 #: Settings whose None means "off".
@@ -117,6 +120,12 @@ class ClusterSettings:
     #: Up to this many short partitions of a tasklet step declared ``transactional`` run in one
     #: transaction on a slot (grouped commits: docs/cluster.md); 1: each in its own.
     commit_group_size: int = 8
+    #: Where wake-ups carry a payload (PostgreSQL): a placement's wake-up also carries the job
+    #: and step executions of partitions of a tasklet step declared ``transactional``, and an
+    #: idle node runs them at once, their claim riding in their first transaction
+    #: (docs/cluster.md). Any role that may connect to the database may LISTEN: with secrets in
+    #: job parameters or partition contexts, turn this off (wake-ups then name ids only).
+    carried_wakeups: bool = True
     #: What a survivor does with a job whose master is gone: ``takeover`` (it becomes the master
     #: under the next epoch and finishes the job in the same execution) or ``abandon`` (it fails
     #: the job, to be restarted).
@@ -153,6 +162,10 @@ class ClusterSettings:
                     raise ConfigurationError(
                         f"master_failover must be one of {', '.join(FAILOVER_MODES)}, not {value!r}"
                     )
+                continue
+            if f.name in _FLAGS:
+                if not isinstance(value, bool):
+                    raise ConfigurationError(f"{f.name} must be true or false, not {value!r}")
                 continue
             if value is None and f.name in _DERIVED + _OPTIONAL:
                 continue
@@ -215,7 +228,12 @@ class ClusterSettings:
             raw = env.get(name)
             if raw is None:
                 continue
-            if f.name in _TEXT:
+            if f.name in _FLAGS:
+                flag = raw.strip().lower()
+                if flag not in _TRUE + _FALSE:
+                    raise ConfigurationError(f"{name} must be true or false, not {raw!r}")
+                values[f.name] = flag in _TRUE
+            elif f.name in _TEXT:
                 values[f.name] = raw
             elif f.name in _COUNTS:
                 try:

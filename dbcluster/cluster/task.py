@@ -27,3 +27,6 @@ class Task:
     claimed_at: float = field(default_factory=time.monotonic)
     #: The fence its run holds (once it began).
     fence: PartitionFence | None = None
+    #: Run before it was claimed (a wake-up carried its execution): its first transaction
+    #: claims it (see :mod:`dbcluster.cluster.offers`).
+    placed: bool = False

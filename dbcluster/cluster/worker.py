@@ -18,6 +18,7 @@ from dbcluster.batch.domain import utcnow
 from dbcluster.cluster.context import NodeContext
 from dbcluster.cluster.executor import Executor
 from dbcluster.cluster.identity import Identity
+from dbcluster.cluster.offers import PlacedPartition
 from dbcluster.cluster.patience import is_passing
 from dbcluster.cluster.service import Service
 from dbcluster.cluster.store import ClaimedPartition, NodeRemovedError
@@ -102,6 +103,10 @@ class Worker(Service):
         self._offers: dict[int, None] = {}
         self._offered_to: str | None = None
         self._offers_lock = threading.Lock()
+        #: Held by the poller while it polls and claims (until what it won is held): a
+        #: partition run before its claim (see cluster/placed.py) starts only while no claim of
+        #: this node's is in flight.
+        self._claiming = threading.Lock()
         self._claim_failures = 0
         #: Withdrawals since a claim of partitions last worked.
         self._withdrawals = 0
@@ -136,12 +141,37 @@ class Worker(Service):
         if self._backlog:
             self.wake()
 
-    def offer(self, node_id: str, step_execution_ids: Sequence[int]) -> None:
+    def offer(
+        self,
+        node_id: str,
+        step_execution_ids: Sequence[int],
+        placed: Sequence[PlacedPartition] = (),
+    ) -> None:
         """Partitions placed on this node as ``node_id``: claim them next, without a poll (a
         claim still checks each one; one taken or moved meanwhile is simply not won). Wakes
-        the poller either way."""
+        the poller, unless the node runs every one of them at once: ``placed`` (the wake-up
+        carried their executions) are run before they are claimed where the node may (see
+        :mod:`dbcluster.cluster.placed`)."""
+        if placed and self.settings.carried_wakeups:
+            running = set(self._run_placed(node_id, placed))
+            step_execution_ids = [sid for sid in step_execution_ids if sid not in running]
+            if running and not step_execution_ids:
+                return
         self._hint(node_id, step_execution_ids)
         self.wake()
+
+    def _run_placed(self, node_id: str, placed: Sequence[PlacedPartition]) -> list[int]:
+        """Those of ``placed`` the executor runs before claiming them: only while the node is
+        usable as ``node_id``, takes work, and its poller is not claiming."""
+        identity = self.context.usable_identity()
+        if identity is None or identity.node_id != node_id or self.withdrawn is not None:
+            return []
+        if self.context.stopping or not self._claiming.acquire(blocking=False):
+            return []
+        try:
+            return self.executor.placed_runs.run(identity, list(placed))
+        finally:
+            self._claiming.release()
 
     def _claimed(self, won: list[ClaimedPartition]) -> None:
         """A claim (the poller's, a slot's) won these: claiming ahead stops after one that won
@@ -183,11 +213,14 @@ class Worker(Service):
         identity = self.context.usable_identity()
         if identity is None:
             return
-        free = self._room()
-        if free <= 0:
-            return  # a slot that frees up wakes the poll
         try:
-            found = self._claim(identity, free)
+            # Its room read under the claim lock: a partition run before its claim (which
+            # takes a slot under that lock) is not room any more.
+            with self._claiming:
+                free = self._room()
+                if free <= 0:
+                    return  # a slot that frees up wakes the poll
+                found = self._claim(identity, free)
         except Exception as error:
             self._claim_failed(identity, error)
             raise

@@ -88,6 +88,14 @@ class StatementFamily:
         Server: table hints, which SQLAlchemy's ``with_for_update()`` does not render)."""
         return stmt.with_for_update(skip_locked=skip_locked)
 
+    def _node_registered(self, node_id: Any) -> ColumnElement[bool]:
+        """The node's own row is in the registry, held (where the database can lock a row a
+        subquery reads) until the transaction ends, as a claim holds it: a removal of the node,
+        which deletes that row before it moves the node's claimed partitions on, then waits for
+        this transaction, or went first and is seen. Portable form: an unlocked read (see
+        ``PostgreSQLProvider``'s)."""
+        return exists().where(nodes.c.node_id == node_id)
+
     def _node_gone(self, node_column: ColumnElement[Any]) -> ColumnElement[bool]:
         """The node is absent from the registry. Orphan detection never depends on the dead
         node's own row still being there."""

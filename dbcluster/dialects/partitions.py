@@ -99,52 +99,96 @@ class PartitionStatements(StatementFamily):
     # --- a worker's guarded transitions ---------------------------------------------------------
 
     def _guarded(
-        self, step_execution_id: int, node_id: str, attempt: int, statuses: Iterable[str]
+        self,
+        step_execution_id: int,
+        node_id: str,
+        attempt: int,
+        statuses: Iterable[str],
+        *,
+        placed: bool = False,
     ) -> ColumnElement[bool]:
+        """(id, node, attempt) in one of ``statuses``; ``placed`` (a guard that may find the
+        row still PENDING, see :meth:`_held`): the node's own row registered and held too. A
+        removal moves a node's CLAIMED partitions on to the next attempt but leaves its PENDING
+        ones at theirs (no claim of a removed node can commit): a partition claimed by a
+        placed run's guard must not become CLAIMED on a node removed meanwhile."""
         wanted = list(statuses)
         # One status is an equality: an IN list is an "expanding" parameter, which SQLAlchemy
         # renders anew on every execution (the fence runs in every partition transaction).
-        status = (
-            partitions.c.status == wanted[0]
-            if len(wanted) == 1
-            else partitions.c.status.in_(wanted)
-        )
+        status = or_(*(partitions.c.status == one for one in wanted))
         return and_(
             partitions.c.step_execution_id == step_execution_id,
             partitions.c.assigned_node == node_id,
             partitions.c.attempt == attempt,
             status,
+            *((self._node_registered(node_id),) if placed else ()),
         )
 
-    def claim_partition(self, step_execution_id: int, node_id: str, attempt: int) -> Update:
+    def claim_partition(
+        self, step_execution_id: int, node_id: str, attempt: int, *, placed: bool = False
+    ) -> Update:
         """PENDING -> CLAIMED for this node and attempt. The worker runs the partition only when
-        this changed exactly one row."""
+        this changed exactly one row. ``placed``: a partition the node runs already, claimed
+        beside its first transaction (the node's row held, see :meth:`_guarded`)."""
         return (
             update(partitions)
-            .where(self._guarded(step_execution_id, node_id, attempt, [PARTITION_PENDING]))
+            .where(
+                self._guarded(
+                    step_execution_id, node_id, attempt, [PARTITION_PENDING], placed=placed
+                )
+            )
             .values(status=PARTITION_CLAIMED, last_updated=self.now())
         )
 
-    def hold_partition(self, step_execution_id: int, node_id: str, attempt: int) -> Update:
+    def _held(self, placed: bool) -> list[str]:
+        """The statuses a worker's guard accepts: CLAIMED; and, for a partition it runs before
+        claiming it (``placed``: a wake-up carried its execution), PENDING too, its claim then
+        riding in the transaction the guard is in (see docs/CONTRACTS.md, "A partition placed
+        with its execution"). The node and the attempt are the guard's either way: a placed
+        partition moved, handed back or claimed elsewhere has changed one of them."""
+        return [PARTITION_PENDING, PARTITION_CLAIMED] if placed else [PARTITION_CLAIMED]
+
+    def hold_partition(
+        self, step_execution_id: int, node_id: str, attempt: int, *, placed: bool = False
+    ) -> Update:
         """The fence of a partition's transaction: changes its row (its progress time) only while
         this node holds this attempt CLAIMED. The worker requires exactly one row; the row lock
         then lasts until its ``COMMIT``, so every transition that takes the partition away (which
-        all update this row) is serialized with it."""
+        all update this row) is serialized with it. ``placed``: a PENDING row placed on this
+        node under this attempt is claimed by it (CLAIMED when the transaction commits)."""
+        values: dict[str, Any] = {"last_updated": self.now()}
+        if placed:
+            values["status"] = PARTITION_CLAIMED
         return (
             update(partitions)
-            .where(self._guarded(step_execution_id, node_id, attempt, [PARTITION_CLAIMED]))
-            .values(last_updated=self.now())
+            .where(
+                self._guarded(
+                    step_execution_id, node_id, attempt, self._held(placed), placed=placed
+                )
+            )
+            .values(**values)
         )
 
     def finish_partition(
-        self, step_execution_id: int, node_id: str, attempt: int, status: str
+        self,
+        step_execution_id: int,
+        node_id: str,
+        attempt: int,
+        status: str,
+        *,
+        placed: bool = False,
     ) -> Update:
-        """CLAIMED -> COMPLETED or FAILED, only while this node still holds this attempt."""
+        """CLAIMED -> COMPLETED or FAILED, only while this node still holds this attempt
+        (``placed``: from PENDING too, see :meth:`hold_partition`)."""
         if status not in (PARTITION_COMPLETED, PARTITION_FAILED):
             raise ValueError(f"a partition finishes COMPLETED or FAILED, not {status}")
         return (
             update(partitions)
-            .where(self._guarded(step_execution_id, node_id, attempt, [PARTITION_CLAIMED]))
+            .where(
+                self._guarded(
+                    step_execution_id, node_id, attempt, self._held(placed), placed=placed
+                )
+            )
             .values(status=status, last_updated=self.now())
         )
 
@@ -164,13 +208,19 @@ class PartitionStatements(StatementFamily):
             .values(status=status, last_updated=self.now())
         )
 
-    def retry_partition(self, step_execution_id: int, node_id: str, attempt: int) -> Update:
+    def retry_partition(
+        self, step_execution_id: int, node_id: str, attempt: int, *, placed: bool = False
+    ) -> Update:
         """A failed try of a transferable partition, in its final transaction: back to PENDING,
         unassigned, next attempt, stamped with the time (its master places it again after its
         backoff). Guarded like :meth:`finish_partition`."""
         return (
             update(partitions)
-            .where(self._guarded(step_execution_id, node_id, attempt, [PARTITION_CLAIMED]))
+            .where(
+                self._guarded(
+                    step_execution_id, node_id, attempt, self._held(placed), placed=placed
+                )
+            )
             .values(
                 status=PARTITION_PENDING,
                 assigned_node=None,
@@ -180,13 +230,19 @@ class PartitionStatements(StatementFamily):
             )
         )
 
-    def release_partition(self, step_execution_id: int, node_id: str, attempt: int) -> Update:
+    def release_partition(
+        self, step_execution_id: int, node_id: str, attempt: int, *, placed: bool = False
+    ) -> Update:
         """Hand back a claimed partition this node has not started (or stopped while leaving):
         unassigned, next attempt, PENDING. The master places it anywhere (one that never ran,
-        transferable or not)."""
+        transferable or not). Guarded like :meth:`finish_partition`."""
         return (
             update(partitions)
-            .where(self._guarded(step_execution_id, node_id, attempt, [PARTITION_CLAIMED]))
+            .where(
+                self._guarded(
+                    step_execution_id, node_id, attempt, self._held(placed), placed=placed
+                )
+            )
             .values(
                 status=PARTITION_PENDING,
                 assigned_node=None,

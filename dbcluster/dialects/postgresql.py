@@ -26,6 +26,7 @@ from sqlalchemy import (
     case,
     cast,
     column,
+    exists,
     func,
     insert,
     literal,
@@ -157,6 +158,15 @@ class PostgreSQLProvider(WritableCTEProvider):
 
     def now(self) -> ColumnElement[Any]:
         return self._clock("timezone('UTC', clock_timestamp())")
+
+    def _node_registered(self, node_id: Any) -> ColumnElement[bool]:
+        """The node's own row, locked ``FOR KEY SHARE`` as a claim's first CTE locks it: its
+        removal (a ``DELETE``) waits for the transaction, or went first and is seen."""
+        return exists(
+            select(nodes.c.node_id)
+            .where(nodes.c.node_id == node_id)
+            .with_for_update(read=True, key_share=True)
+        )
 
     def insert_from_arrays(
         self,

@@ -194,22 +194,26 @@ def test_bench_latency_reads_the_start_at_the_partitions_body(env_var: str | Non
     body, recorded = latency["launch_to_partition_start_ms"], latency["launch_to_start_recorded_ms"]
     assert 0 <= recorded["median"] <= body["median"] < 10_000, latency
     assert body["median"] <= latency["launch_to_job_complete_ms"]["median"], latency
-    # Where the time went: every launch reached the master's commit, the claim and the body;
-    # only PostgreSQL wakes the worker (elsewhere a poll finds the partition, and on
-    # PostgreSQL too when a poll finds it first, e.g. before the listener is up). A worker's
-    # marks of a launch come before its body; the master's commit before its launch returns.
-    # Each stage of a launch within a total of the same launch: its median is at most that
-    # total's.
+    # Where the time went: every launch reached the master's commit and the body, through a
+    # claim or, on PostgreSQL, as the wake-up carried it (its transactional step runs on an
+    # idle node before a claim: cluster/placed.py); only PostgreSQL wakes the worker
+    # (elsewhere a poll finds the partition, and on PostgreSQL too when a poll finds it first,
+    # e.g. before the listener is up). A worker's marks of a launch come before its body; the
+    # master's commit before its launch returns. Each stage of a launch within a total of the
+    # same launch: its median is at most that total's.
     # (tests/cluster/test_idle_cost.py checks that a listening worker reaches the wake-up's
     # point; here a worker whose listener was not up yet found every launch by a poll.)
     stages = latency["stages"]
-    expected = {"launch_to_created", "claim", "claimed_to_body"}
-    woken = {"launch_to_offered", "offered_to_claim_sent"}
-    if env_var == "DBCLUSTER_TEST_POSTGRESQL_URL" and woken & set(stages):
-        expected |= woken
-    assert set(stages) == expected, stages
+    claimed = {"claim", "claimed_to_body"}
+    allowed = {"launch_to_created", *claimed}
+    if env_var == "DBCLUSTER_TEST_POSTGRESQL_URL":
+        allowed |= {"launch_to_offered", "offered_to_claim_sent"}
+        allowed |= {"offered_to_placed_run", "placed_run_to_body"}
+    assert "launch_to_created" in stages and set(stages) <= allowed, stages
+    assert claimed <= set(stages) or "placed_run_to_body" in stages, stages
+    assert stages["launch_to_created"]["n"] == 3, stages
     complete = latency["launch_to_job_complete_ms"]["median"]
     for name, stage in stages.items():
-        assert 1 <= stage["n"] <= 3 and (stage["n"] == 3 or "offered" in name), (name, stages)
+        assert 1 <= stage["n"] <= 3, (name, stages)
         bound = complete if name == "launch_to_created" else body["median"]
         assert 0 <= stage["median_ms"] <= bound + 0.1, (name, latency)

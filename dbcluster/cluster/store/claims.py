@@ -16,6 +16,7 @@ from dbcluster.cluster.store.records import ClaimedPartition, NodeRemovedError, 
 from dbcluster.cluster.store.verify import partition_is
 from dbcluster.prebuilt import Prebuilt
 from dbcluster.states import (
+    PARTITION_CLAIMED,
     PARTITION_COMPLETED,
     PARTITION_FAILED,
     PARTITION_PENDING,
@@ -288,29 +289,44 @@ class Claims(Connector):
         return claimed_partitions([row])[0]
 
     def hold_partition(
-        self, conn: Connection, step_execution_id: int, node_id: str, attempt: int
+        self,
+        conn: Connection,
+        step_execution_id: int,
+        node_id: str,
+        attempt: int,
+        *,
+        placed: bool = False,
     ) -> int:
         """The fence of one transaction of a running partition (see
-        :meth:`QueryProvider.hold_partition`); its row count."""
+        :meth:`QueryProvider.hold_partition`; ``placed``: it claims a partition placed on this
+        node that it runs before claiming); its row count."""
         return self.run(
             conn,
-            "hold",
+            ("hold", placed),
             lambda: self.provider.hold_partition(
-                bindparam("b_id"), bindparam("b_node"), bindparam("b_attempt")
+                bindparam("b_id"), bindparam("b_node"), bindparam("b_attempt"), placed=placed
             ),
             {"b_id": step_execution_id, "b_node": node_id, "b_attempt": attempt},
         )
 
     def end_partition(
-        self, conn: Connection, outcome: str, step_execution_id: int, node_id: str, attempt: int
+        self,
+        conn: Connection,
+        outcome: str,
+        step_execution_id: int,
+        node_id: str,
+        attempt: int,
+        *,
+        placed: bool = False,
     ) -> int:
         """A running partition's last transaction records its outcome: COMPLETED or FAILED
         (:meth:`QueryProvider.finish_partition`), RELEASED (handed back) or RETRIED (back to
-        PENDING for another try); its row count."""
+        PENDING for another try); its row count. ``placed``: from PENDING too (a partition
+        run before it was claimed, see :meth:`hold_partition`)."""
         return self.run(
             conn,
-            ("end", outcome),
-            lambda: self._end_partition(outcome),
+            ("end", outcome, placed),
+            lambda: self._end_partition(outcome, placed),
             {"b_id": step_execution_id, "b_node": node_id, "b_attempt": attempt},
         )
 
@@ -335,35 +351,53 @@ class Claims(Connector):
             params,
         )
 
-    def _end_partition(self, outcome: str) -> Any:
+    def _end_partition(self, outcome: str, placed: bool = False) -> Any:
         provider = self.provider
         builders: dict[str, Callable[[Any, Any, Any], Any]] = {
-            PARTITION_RELEASED: provider.release_partition,
-            PARTITION_RETRIED: provider.retry_partition,
+            PARTITION_RELEASED: lambda i, n, a: provider.release_partition(i, n, a, placed=placed),
+            PARTITION_RETRIED: lambda i, n, a: provider.retry_partition(i, n, a, placed=placed),
             PARTITION_COMPLETED: lambda i, n, a: provider.finish_partition(
-                i, n, a, PARTITION_COMPLETED
+                i, n, a, PARTITION_COMPLETED, placed=placed
             ),
-            PARTITION_FAILED: lambda i, n, a: provider.finish_partition(i, n, a, PARTITION_FAILED),
+            PARTITION_FAILED: lambda i, n, a: provider.finish_partition(
+                i, n, a, PARTITION_FAILED, placed=placed
+            ),
         }
         return builders[outcome](bindparam("b_id"), bindparam("b_node"), bindparam("b_attempt"))
 
-    def end_partition_statement(self, outcome: str) -> Any | None:
+    def end_partition_statement(self, outcome: str, placed: bool = False) -> Any | None:
         """:meth:`end_partition`'s guarded UPDATE (parameters ``b_id``, ``b_node``,
         ``b_attempt``), built once, for a write that runs it in its own statement; None where
         the database bounds its lock wait with statements of its own first."""
 
         def build() -> Any:
-            statement = self._end_partition(outcome)
+            statement = self._end_partition(outcome, placed)
             return statement if len(self.provider.bounded(statement)) == 1 else None
 
-        return self.prepared(("end statement", outcome), build)
+        return self.prepared(("end statement", outcome, placed), build)
 
-    def release(self, step_execution_id: int, node_id: str, attempt: int) -> bool:
+    def release(
+        self, step_execution_id: int, node_id: str, attempt: int, *, placed: bool = False
+    ) -> bool:
         return self.guarded(
-            self.provider.release_partition(step_execution_id, node_id, attempt),
+            self.provider.release_partition(step_execution_id, node_id, attempt, placed=placed),
             "release",
             partition_is(
                 step_execution_id, PARTITION_PENDING, None, attempt + 1, self.provider.locked
+            ),
+        )
+
+    def claim_placed(self, step_execution_id: int, node_id: str, attempt: int) -> bool:
+        """Claim a partition placed on this node that it runs already, before its first
+        transaction commits (which would claim it): PENDING -> CLAIMED under the same node
+        and attempt (a long first transaction must not leave it PENDING for others to take
+        after ``work_stealing_delay``). Whether it changed the row (not: the first
+        transaction claimed it already, or it moved)."""
+        return self.guarded(
+            self.provider.claim_partition(step_execution_id, node_id, attempt, placed=True),
+            "claim placed",
+            partition_is(
+                step_execution_id, PARTITION_CLAIMED, node_id, attempt, self.provider.locked
             ),
         )
 

@@ -30,11 +30,13 @@ class Placing(WakeUps):
         conn: Connection,
         rows: Sequence[dict[str, Any]],
         placed: Mapping[str, Sequence[int]],
+        offers: Mapping[str, str] | None = None,
     ) -> None:
         """Insert PENDING partitions and wake the nodes they were placed on (``placed``: node ->
-        step execution ids), in the caller's transaction: in one statement where the provider
-        can write from arrays and notify in the same statement, else as
-        :meth:`insert_partitions` then :meth:`wake_nodes`."""
+        step execution ids; ``offers``: node -> its wake-up's payload where that carries the
+        executions), in the caller's transaction: in one statement where the provider can
+        write from arrays and notify in the same statement, else as :meth:`insert_partitions`
+        then :meth:`wake_nodes`."""
         provider = self.provider
         arrays = self.prepared(
             "insert partitions from arrays", provider.insert_partitions_from_arrays
@@ -47,19 +49,23 @@ class Placing(WakeUps):
             )
         if insert_and_notify is None or not placed:
             self.insert_partitions(conn, rows)
-            self.wake_nodes(conn, placed.keys(), placed)
+            self.wake_nodes(conn, placed.keys(), placed, offers)
             return
         self._prebuilt.rows(
             conn,
             insert_and_notify,
-            {**_placed_arrays(rows), **self.offer_parameters(sorted(placed), placed)},
+            {**_placed_arrays(rows), **self.offer_parameters(sorted(placed), placed, offers)},
         )
 
-    def lone_partition_placement(self, row: Mapping[str, Any]) -> InsertExtras | None:
+    def lone_partition_placement(
+        self, row: Mapping[str, Any], offer: tuple[str, str] | None = None
+    ) -> InsertExtras | None:
         """A lone partition's row and the wake-up of its node, to go in the statement that
         creates its step execution (see :class:`~dbcluster.batch.repository.InsertExtras`): ``row``
-        as :meth:`place_partitions` takes one, without its step execution's id. None where the
-        database cannot wake a node from that statement (the partition is then placed by
+        as :meth:`place_partitions` takes one, without its step execution's id; ``offer``: the
+        wake-up's payload before and after that id where it carries the execution (see
+        :func:`dbcluster.cluster.offers.split_around_id`). None where the database cannot wake
+        a node from that statement (the partition is then placed by
         :meth:`place_partitions`)."""
         provider = self.provider
         if not (
@@ -71,8 +77,13 @@ class Placing(WakeUps):
 
         def build(step_execution_id: Any, _first_step: Any, source: Any) -> tuple[Any, Any]:
             placed = provider.insert_partition_from(source, step_execution_id)
-            # The payload names the one partition, as offer_payload would.
-            payload = cast(step_execution_id, Text())
+            # The payload names the one partition, as offer_payload would (between the two
+            # parts of a payload that carries its execution; both empty where it does not).
+            payload = (
+                bindparam("b_offer_head", type_=Text())
+                + cast(step_execution_id, Text())
+                + bindparam("b_offer_tail", type_=Text())
+            )
             wake = provider.notify_from(source, bindparam("b_channel"), payload)
             assert wake is not None, f"{provider.name} wakes nodes, but not from a statement"
             return [placed], wake
@@ -80,6 +91,7 @@ class Placing(WakeUps):
         params: dict[str, Any] = {f"b_{name}": None for name in PLACED_COLUMNS}
         params.update({f"b_{name}": value for name, value in row.items()})
         params["b_channel"] = provider.wake_channel(row["assigned_node"])
+        params["b_offer_head"], params["b_offer_tail"] = offer or ("", "")
         del params["b_step_execution_id"]
         return InsertExtras("place one, notified", build, params)
 

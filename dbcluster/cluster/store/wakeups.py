@@ -41,11 +41,14 @@ class WakeUps(Connector):
         conn: Connection,
         node_ids: Iterable[str],
         placed: Mapping[str, Sequence[int]] | None = None,
+        offers: Mapping[str, str] | None = None,
     ) -> None:
         """In the caller's transaction (which placed work on them): wake these nodes' pollers
         when it commits, where the database has LISTEN/NOTIFY (elsewhere they poll). With
         ``placed`` (node -> step execution ids placed on it), each wake-up names what it
-        placed, as many as fit: the node claims those without polling first."""
+        placed, as many as fit: the node claims those without polling first. ``offers``: the
+        payload of a node's wake-up where it carries the partitions' executions (see
+        :mod:`dbcluster.cluster.offers`)."""
         provider = self.provider
         if not provider.supports_listen_notify:
             return
@@ -58,7 +61,7 @@ class WakeUps(Connector):
             )
             conn.execute(stmt, {"b_channels": [provider.wake_channel(n) for n in woken]})
             return
-        conn.execute(self.notify_with_offers(), self.offer_parameters(woken, placed))
+        conn.execute(self.notify_with_offers(), self.offer_parameters(woken, placed, offers))
 
     def notify_with_offers(self) -> Any:
         provider = self.provider
@@ -70,14 +73,20 @@ class WakeUps(Connector):
         )
 
     def offer_parameters(
-        self, woken: Sequence[str], placed: Mapping[str, Sequence[int]]
+        self,
+        woken: Sequence[str],
+        placed: Mapping[str, Sequence[int]],
+        offers: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
-        """The parameters of a wake-up of each node of ``woken`` naming what was placed on it."""
+        """The parameters of a wake-up of each node of ``woken`` naming what was placed on it
+        (``offers``: a node's payload where it carries the executions too)."""
         provider = self.provider
+        offers = offers or {}
         return {
             "b_channels": [provider.wake_channel(node_id) for node_id in woken],
             "b_payloads": [
-                offer_payload(placed.get(node_id, ()), provider.notify_payload_max)
+                offers.get(node_id)
+                or offer_payload(placed.get(node_id, ()), provider.notify_payload_max)
                 for node_id in woken
             ],
         }

@@ -31,6 +31,7 @@ from dbcluster.testing.suite.provider_helpers import (
 
 __all__ = [
     "test_claim_changes_one_row_only_under_its_guard",
+    "test_a_placed_guard_takes_a_pending_partition_only_under_its_node_and_attempt",
     "test_concurrent_claims_exactly_one_wins",
     "test_batched_claims_split_the_partitions_between_concurrent_claimers",
     "test_bulk_creation_writes_what_row_by_row_writes",
@@ -63,6 +64,44 @@ def test_claim_changes_one_row_only_under_its_guard(dbc_backend: Any) -> None:
         "a finished partition was finished again"
     )
     assert _partition(engine, sid).status == "COMPLETED"
+
+
+def test_a_placed_guard_takes_a_pending_partition_only_under_its_node_and_attempt(
+    dbc_backend: Any,
+) -> None:
+    """A partition run before it was claimed (``placed=True``, cluster/placed.py): its hold
+    takes it from PENDING (CLAIMED after), then holds it CLAIMED, and its end finishes it; under
+    another node or attempt, or once the node is no longer registered, nothing changes; a plain
+    guard still wants CLAIMED."""
+    engine, provider = dbc_backend.engine, _provider(dbc_backend)
+    _register(engine, provider, "suite-n1", "suite-n2")
+    _, (sid, other) = _place(engine, provider, "suite-n1", count=2)
+    assert _rowcount(engine, provider.hold_partition(sid, "suite-n1", 1)) == 0, "not CLAIMED"
+    assert _rowcount(engine, provider.hold_partition(sid, "suite-n2", 1, placed=True)) == 0
+    assert _rowcount(engine, provider.hold_partition(sid, "suite-n1", 2, placed=True)) == 0
+    assert _rowcount(engine, provider.hold_partition(sid, "suite-n1", 1, placed=True)) == 1
+    assert _partition(engine, sid).status == "CLAIMED"
+    assert _rowcount(engine, provider.hold_partition(sid, "suite-n1", 1, placed=True)) == 1
+    done = provider.finish_partition(sid, "suite-n1", 1, "COMPLETED", placed=True)
+    assert _rowcount(engine, done) == 1
+    assert _rowcount(engine, provider.hold_partition(sid, "suite-n1", 1, placed=True)) == 0
+    assert _partition(engine, sid).status == "COMPLETED"
+    # From PENDING straight to its end, or back for another try under the next attempt.
+    failed = provider.finish_partition(other, "suite-n1", 1, "FAILED", placed=True)
+    assert _rowcount(engine, provider.retry_partition(other, "suite-n2", 1, placed=True)) == 0
+    assert _rowcount(engine, provider.retry_partition(other, "suite-n1", 1, placed=True)) == 1
+    assert _rowcount(engine, failed) == 0, "the retried partition's old attempt finished it"
+    row = _partition(engine, other)
+    assert (row.status, row.attempt) == ("PENDING", 2)
+    # A removed node's PENDING partitions keep their attempt: its guard needs its own row.
+    _, (gone,) = _place(engine, provider, "suite-n2", count=1)
+    with engine.begin() as conn:
+        assert conn.execute(provider.deregister_node("suite-n2")).rowcount == 1
+    assert _rowcount(engine, provider.hold_partition(gone, "suite-n2", 1, placed=True)) == 0
+    assert _rowcount(engine, provider.claim_partition(gone, "suite-n2", 1, placed=True)) == 0
+    assert _rowcount(engine, provider.claim_partition(gone, "suite-n2", 1)) == 1, (
+        "a plain claim reads no node row (the store locks it first)"
+    )
 
 
 def test_concurrent_claims_exactly_one_wins(dbc_backend: Any) -> None:

@@ -210,12 +210,18 @@ CALLS: dict[str, Callable[[QueryProvider], list[Any]]] = {
     "hold_partition": lambda p: [
         p.hold_partition(1, "n", 1),
         p.hold_partition(bindparam("b_id"), bindparam("b_node"), bindparam("b_attempt")),  # type: ignore[arg-type]
+        # A partition run before it was claimed (cluster/placed.py).
+        p.hold_partition(1, "n", 1, placed=True),
     ],
     "finish_partition": lambda p: [
         p.finish_partition(1, "n", 1, "COMPLETED"),
         p.finish_partition(1, "n", 1, "FAILED"),
+        p.finish_partition(1, "n", 1, "COMPLETED", placed=True),
     ],
-    "release_partition": lambda p: [p.release_partition(1, "n", 1)],
+    "release_partition": lambda p: [
+        p.release_partition(1, "n", 1),
+        p.release_partition(1, "n", 1, placed=True),
+    ],
     "release_pending_for_node": lambda p: [p.release_pending_for_node("n")],
     "reassign_partition": lambda p: [
         p.reassign_partition(1, "n", 1, "m"),
@@ -252,7 +258,10 @@ CALLS: dict[str, Callable[[QueryProvider], list[Any]]] = {
     "select_claimed": lambda p: [p.select_claimed(bindparam("b_node"), _IDS)],
     "select_pending_for_node": lambda p: [p.select_pending_for_node("n", 10)],
     "select_orphaned_partitions": lambda p: [p.select_orphaned_partitions(1)],
-    "retry_partition": lambda p: [p.retry_partition(1, "n", 1)],
+    "retry_partition": lambda p: [
+        p.retry_partition(1, "n", 1),
+        p.retry_partition(1, "n", 1, placed=True),
+    ],
     "select_stalled": lambda p: [p.select_stalled(1, 60_000)],
     "time_out_partition": lambda p: [
         p.time_out_partition(1, "n", 1, 60_000, retry=True),
