@@ -54,7 +54,15 @@ def commit_in_order(row: Any) -> bool:
     """Whether a ``dbc_test_commits`` row committed while its writer still owned its row."""
     if row.kind == "partition":
         if row.seen_node == row.node_id and row.seen_token == row.token:
-            return row.seen_status in _HELD or (row.final and row.seen_status in _ENDED)
+            # PENDING on its node under its attempt: a partition run before it was claimed
+            # (cluster/placed.py), whose first transaction's guard claims it. A final write sent
+            # with its COMMIT runs that guard after this read, which locked the row: the guard
+            # finds it so (no claimed partition goes back to PENDING under the same attempt).
+            return (
+                row.seen_status in _HELD
+                or row.seen_status == "PENDING"
+                or (row.final and row.seen_status in _ENDED)
+            )
         # A final transaction that handed its partition back (a graceful stop).
         return bool(
             row.final

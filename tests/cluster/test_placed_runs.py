@@ -255,3 +255,24 @@ def test_a_failing_placed_partition_is_recorded_failed(backend: Backend, make_cl
     assert len(ran) == 1 and claimed == []
     assert _rows(backend, execution.id) == []
     assert tuple(partition_row(backend, ran[0]))[0::2] == (PARTITION_FAILED, 1)
+
+
+def test_the_commit_order_check_accepts_a_placed_run_s_own_claim() -> None:
+    """The fault harness's commit-order invariant: a transaction reads its partition row just
+    before its COMMIT; a placed run whose final write goes with its COMMIT reads it still
+    PENDING on its own node under its own attempt (its guard comes after, in the same flight).
+    PENDING under another attempt, or on another node, is a partition that moved."""
+    from types import SimpleNamespace
+
+    from dbcluster.testing.invariants import commit_in_order
+
+    def row(node: str, token: int, status: str) -> Any:
+        return SimpleNamespace(
+            kind="partition", node_id="n1", token=1, final=True,
+            seen_node=node, seen_token=token, seen_status=status,
+        )  # fmt: skip
+
+    assert commit_in_order(row("n1", 1, PARTITION_PENDING))
+    assert commit_in_order(row("n1", 1, PARTITION_CLAIMED))
+    assert not commit_in_order(row("n1", 2, PARTITION_PENDING))
+    assert not commit_in_order(row("n2", 1, PARTITION_PENDING))
