@@ -159,7 +159,7 @@ def commit_step(
     try:
         result = repository.transactions.run(
             body,
-            verify=repository.step_version_is(se, before["version"] + 1),
+            verify=_verified(repository.step_version_is(se, before["version"] + 1), se),
             point=points,
             what=f"step {se.step_name!r} (execution {se.id})",
             step_execution=se,
@@ -175,6 +175,19 @@ def commit_step(
     if work is not None:
         observers.chunk_committed(se)
     return result
+
+
+def _verified(
+    version_is: Callable[[Connection], bool], se: StepExecution
+) -> Callable[[Connection], bool]:
+    """An unclear commit's check: the step row's version, and, where the step's fence can say
+    (``landed``: a partition run before it was claimed), its owner row as the guard left it."""
+
+    def verify(conn: Connection) -> bool:
+        landed = getattr(se.fence, "landed", None)
+        return version_is(conn) and (landed is None or bool(landed(conn)))
+
+    return verify
 
 
 class Step(ABC):

@@ -57,9 +57,15 @@ class Announcer:
             p = won.partition
             self.events.claimed(node_id, p.partition_name, p.step_execution_id, p.attempt)
 
+    def placed_claimed(self, node_id: str, partitions: Sequence[PendingPartition]) -> None:
+        """One ``claimed`` event per partition run before it was claimed: told before its run
+        is submitted, so that no end of it (``completed``, ``lost``...) is told first."""
+        for p in partitions:
+            self.events.claimed(node_id, p.partition_name, p.step_execution_id, p.attempt)
+
     def took_placed(self, node_id: str, partitions: Sequence[PendingPartition]) -> None:
         """Partitions a wake-up carried with their executions, run before they were claimed
-        (their first transaction claims them): one line, one ``claimed`` event each."""
+        (their first transaction claims them): one line (their events: placed_claimed)."""
         log.info(
             "node %s runs %s as placed (claimed by its first transaction)",
             node_id,
@@ -68,8 +74,6 @@ class Announcer:
                 for p in partitions
             ),
         )
-        for p in partitions:
-            self.events.claimed(node_id, p.partition_name, p.step_execution_id, p.attempt)
 
     def group_completed(self, node_id: str, partitions: Sequence[PendingPartition]) -> None:
         """A group's partitions, recorded COMPLETED by its one transaction."""

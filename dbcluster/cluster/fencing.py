@@ -27,9 +27,12 @@ from sqlalchemy import Connection
 from dbcluster.batch.domain import StepExecution, utcnow
 from dbcluster.batch.fence import FencedError, FoldedGuard
 from dbcluster.batch.status import BatchStatus
+from dbcluster.cluster.store.verify import partition_is
 from dbcluster.states import (
+    PARTITION_CLAIMED,
     PARTITION_COMPLETED,
     PARTITION_FAILED,
+    PARTITION_PENDING,
     PARTITION_RELEASED,
     PARTITION_RETRIED,
 )
@@ -96,6 +99,9 @@ class PartitionFence:
         #: When the final write's last try began (monotonic), None before one did: a final
         #: write that landed proves the database answered from then on.
         self.finishing_since: float | None = None
+        #: What the guard of the transaction under way writes: CLAIMED (a hold) or the
+        #: outcome (a final write); see :meth:`landed`.
+        self._writing: str | None = None
 
     def _refuse(self, why: str) -> FencedError:
         return FencedError(
@@ -112,6 +118,7 @@ class PartitionFence:
     def hold(self, conn: Connection) -> None:
         if self.fenced.is_set():
             raise self._refuse(f"node {self.node_id} is fenced")
+        self._writing = PARTITION_CLAIMED
         held = self.store.hold_partition(
             conn, self.step_execution_id, self.node_id, self.attempt, placed=self.placed
         )
@@ -123,7 +130,7 @@ class PartitionFence:
             raise self._refuse(f"node {self.node_id} is fenced")
         assert isinstance(execution, StepExecution)
         self.finishing_since = time.monotonic()
-        outcome = self.outcome_of(execution)
+        outcome = self._writing = self.outcome_of(execution)
         changed = self.store.end_partition(
             conn, outcome, self.step_execution_id, self.node_id, self.attempt, placed=self.placed
         )
@@ -138,7 +145,7 @@ class PartitionFence:
             raise self._refuse(f"node {self.node_id} is fenced")
         assert isinstance(execution, StepExecution)
         self.finishing_since = time.monotonic()
-        outcome = self.outcome_of(execution)
+        outcome = self._writing = self.outcome_of(execution)
         statement = self.store.end_partition_statement(outcome, self.placed)
         if statement is None:
             return None
@@ -163,6 +170,20 @@ class PartitionFence:
             ),
             took=took,
         )
+
+    def landed(self, conn: Connection) -> bool:
+        """After an unclear COMMIT (with the step execution's version check): whether the
+        partition row is as this transaction's guard left it. A placed run's step row is
+        written by others as a matter of course (a steal's claim, a stop: version 0 -> 1), so
+        its version alone does not say the write was this node's. Always True for a claimed
+        partition (no one else writes its step row but the masters that fence it)."""
+        if not self.placed or self._writing is None:
+            return True
+        if self._writing in (RELEASED, RETRIED):
+            want: tuple[Any, ...] = (PARTITION_PENDING, None, self.attempt + 1)
+        else:
+            want = (self._writing, self.node_id, self.attempt)
+        return partition_is(self.step_execution_id, *want, self.store.provider.locked)(conn)
 
     @property
     def asked_for(self) -> int | None:

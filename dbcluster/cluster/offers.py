@@ -24,12 +24,14 @@ from typing import Any
 
 from dbcluster.batch.context import ExecutionContext
 from dbcluster.batch.domain import JobExecution, JobInstance, StepExecution, utcnow
-from dbcluster.batch.parameters import JobParameters
+from dbcluster.batch.parameters import JobParameter, JobParameters, parse_value
 from dbcluster.batch.status import BatchStatus, ExitStatus
 from dbcluster.cluster.store import PendingPartition, offered_ids
 
-#: The payload format this code writes and reads.
-FORMAT = 1
+#: The payload format this code writes and reads (2: parameters as [name, type, text,
+#: identifying], which read back as they were; 1 carried ``to_strings()``, which ``parse``
+#: does not read back for every name).
+FORMAT = 2
 #: A placed partition's attempt (a new partition row's: see ``_placed_values``).
 FIRST_ATTEMPT = 1
 
@@ -66,7 +68,10 @@ def job_part(job: JobExecution) -> dict[str, Any]:
     return {
         "id": job.id,
         "instance": [instance.id, instance.job_name, instance.job_key, instance.version],
-        "parameters": job.parameters.to_strings(),
+        "parameters": [
+            [name, p.type_name, p.text, p.identifying]
+            for name, p in job.parameters.parameters().items()
+        ],
         "status": job.status.value,
         "exit": [job.exit_status.code, job.exit_status.description],
         "created": _time(job.create_time),
@@ -155,7 +160,12 @@ def _job(part: dict[str, Any]) -> JobExecution:
     return JobExecution(
         id=int(part["id"]),
         job_instance=JobInstance(int(instance_id), job_name, job_key, int(instance_version)),
-        parameters=JobParameters.parse(part["parameters"]),
+        parameters=JobParameters(
+            {
+                str(name): JobParameter(parse_value(str(kind), str(text)), bool(identifying))
+                for name, kind, text, identifying in part["parameters"]
+            }
+        ),
         status=BatchStatus(part["status"]),
         exit_status=ExitStatus(code, description),
         create_time=_read_time(part["created"]) or utcnow(),

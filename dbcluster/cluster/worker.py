@@ -217,6 +217,11 @@ class Worker(Service):
             # Its room read under the claim lock: a partition run before its claim (which
             # takes a slot under that lock) is not room any more.
             with self._claiming:
+                if self._offers:
+                    # Offered partitions wait (a wake-up named more than the slots, e.g. those
+                    # a placed run left): a slot that frees up must wake the poll for them.
+                    # Set before the room is read, so a slot freed after the read sees it.
+                    self._backlog = True
                 free = self._room()
                 if free <= 0:
                     return  # a slot that frees up wakes the poll

@@ -26,6 +26,9 @@ def _job() -> JobExecution:
                 "ratio": 0.25,
                 "dry": False,
                 "note": "a, b = c (d)",
+                "a=b (int)": 7,
+                "-lead": "x",
+                "tail ": "t",
                 "attempt": JobParameter(2, identifying=False),
             }
         ),
