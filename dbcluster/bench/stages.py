@@ -150,13 +150,7 @@ def per_launch(
             # Run as its wake-up carried it: no claim; the first wake-up naming it before.
             ran_at, node = ran[0]
             marks["node.placed_run"] = ran_at
-            offered = [
-                at
-                for at, by in by_point.get(("node.offered", step_execution_id), ())
-                if by == node and at <= ran_at
-            ]
-            if offered:
-                marks["node.offered"] = min(offered)
+            _first_offer(marks, by_point, step_execution_id, node, ran_at)
         elif claims:
             claimed_at, node = claims[0]
             marks["node.claimed"] = claimed_at
@@ -167,15 +161,24 @@ def per_launch(
             ]
             if sent:
                 sent_at = marks["node.between_poll_and_claim"] = max(sent)
-                offered = [
-                    at
-                    for at, by in by_point.get(("node.offered", step_execution_id), ())
-                    if by == node and at <= sent_at
-                ]
-                if offered:
-                    marks["node.offered"] = min(offered)
+                _first_offer(marks, by_point, step_execution_id, node, sent_at)
         found.append(marks)
     return found
+
+
+def _first_offer(
+    marks: dict[str, float],
+    by_point: Mapping[tuple[str, int], Sequence[tuple[float, str]]],
+    step_execution_id: int,
+    node: str,
+    until: float,
+) -> None:
+    """The first wake-up naming the partition that reached ``node`` by ``until`` (its claim
+    sent, or its placed run begun), as the launch's ``node.offered`` mark, if any."""
+    offered = [at for at, by in by_point.get(("node.offered", step_execution_id), ()) if by == node]
+    offered = [at for at in offered if at <= until]
+    if offered:
+        marks["node.offered"] = min(offered)
 
 
 def stage_medians(marks: Sequence[Mapping[str, float]]) -> dict[str, Any]:

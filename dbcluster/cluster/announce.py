@@ -53,19 +53,17 @@ class Announcer:
                     for w in claimed
                 ),
             )
-        for won in claimed:
-            p = won.partition
-            self.events.claimed(node_id, p.partition_name, p.step_execution_id, p.attempt)
+        self.claimed_events(node_id, [won.partition for won in claimed])
 
-    def placed_claimed(self, node_id: str, partitions: Sequence[PendingPartition]) -> None:
-        """One ``claimed`` event per partition run before it was claimed: told before its run
-        is submitted, so that no end of it (``completed``, ``lost``...) is told first."""
+    def claimed_events(self, node_id: str, partitions: Sequence[PendingPartition]) -> None:
+        """One ``claimed`` event per partition: what a claim won, or a partition run before it
+        was claimed (told before its run is submitted, so that no end of it is told first)."""
         for p in partitions:
             self.events.claimed(node_id, p.partition_name, p.step_execution_id, p.attempt)
 
     def took_placed(self, node_id: str, partitions: Sequence[PendingPartition]) -> None:
         """Partitions a wake-up carried with their executions, run before they were claimed
-        (their first transaction claims them): one line (their events: placed_claimed)."""
+        (their first transaction claims them): one line (their events: claimed_events)."""
         log.info(
             "node %s runs %s as placed (claimed by its first transaction)",
             node_id,

@@ -94,7 +94,7 @@ class PlacedRuns:
         points.reach("node.placed_run", node_id=identity.node_id, partitions=ids)
         ex.claimed_placed([t.partition for t in tasks])
         # Their claims are told before they run (an end told first would never be matched).
-        ex.announce.placed_claimed(identity.node_id, [t.partition for t in tasks])
+        ex.announce.claimed_events(identity.node_id, [t.partition for t in tasks])
         for task in tasks:
             ex._pool.submit(ex._run, task)
         # This thread lets the partition threads have the interpreter at once (else they wait
